@@ -1,0 +1,100 @@
+"""Stage 4, classify: split steady-state time between the four walls and name the dominant one.
+
+Per GPU, over the window (``docs/classification.md`` has the derivation):
+
+    memory        = recompute + idle around allocator calls + exposed offload copies
+                    + idle right after offload copies
+    communication = exposed communication (transfer + waiting for peers)
+    host          = the rest of the idle time (launch-late, after host syncs, other)
+    compute       = compute kernels - recompute + other exposed copies
+
+The four add up to the window. Job level: when a straggler exists, the time other ranks
+spend *waiting* for it is moved from communication to the straggler's own wall (the wall in
+which it spends more than its peers), the job's walls are the mean over GPUs, and the
+verdict is the straggler's wall with communication as runner-up (the job is as slow as its
+slowest rank).
+
+Verdict: each wall's share is divided by its calibrated threshold (``data/calibration.toml``,
+fitted on the labelled corpus by ``bench/calibrate.py``); the largest score wins, the second
+is the runner-up and ``confidence = s1 / (s1 + s2)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+import numpy as np
+
+from .features import GpuFeatures
+
+WALLS = ("compute", "communication", "host", "memory")
+
+
+def load_thresholds() -> dict[str, float]:
+    text = resources.files("profclass").joinpath("data/calibration.toml").read_text()
+    return {w: float(v) for w, v in tomllib.loads(text)["thresholds"].items()}
+
+
+@dataclass
+class Verdict:
+    wall: str
+    runner_up: str
+    confidence: float
+    scores: dict[str, float]
+
+
+def gpu_walls(f: GpuFeatures) -> dict[str, int]:
+    """Nanoseconds of the window per wall for one GPU (they sum to the window)."""
+    memory = f.recompute_ns + f.idle_alloc_ns + f.idle_offload_ns + f.offload_exposed_ns
+    compute = f.compute_ns - f.recompute_ns + (f.exposed_copy_ns - f.offload_exposed_ns)
+    host = f.idle_ns - f.idle_alloc_ns - f.idle_offload_ns
+    return {"compute": int(compute), "communication": int(f.exposed_comm_ns), "host": int(host),
+            "memory": int(memory)}
+
+
+def decide(shares: dict[str, float], thresholds: dict[str, float]) -> Verdict:
+    scores = {w: shares.get(w, 0.0) / thresholds[w] for w in WALLS}
+    ranked = sorted(WALLS, key=lambda w: -scores[w])
+    s1, s2 = scores[ranked[0]], scores[ranked[1]]
+    conf = s1 / (s1 + s2) if (s1 + s2) > 0 else 0.0
+    return Verdict(wall=ranked[0], runner_up=ranked[1], confidence=round(conf, 3),
+                   scores={w: round(v, 3) for w, v in scores.items()})
+
+
+def straggler_wall(j: int, per_gpu_ns: list[dict[str, int]], iterations: list[int]) -> tuple[str, float]:
+    """Why rank j is late: the non-communication wall it spends most *more* time in than the
+    median of its peers (ns per step). Returns (wall, excess_ns_per_step)."""
+    mine = {w: per_gpu_ns[j][w] / max(iterations[j], 1) for w in WALLS}
+    others = [k for k in range(len(per_gpu_ns)) if k != j]
+    excess = {w: mine[w] - float(np.median([per_gpu_ns[k][w] / max(iterations[k], 1) for k in others]))
+              for w in ("compute", "host", "memory")}
+    wall = max(excess, key=excess.get)
+    return wall, excess[wall]
+
+
+def decide_with_straggler(shares: dict[str, float], thresholds: dict[str, float], wall: str,
+                          blame_share: float) -> Verdict:
+    """The job is as slow as its straggler: its wall wins, communication (the waiting) is the
+    runner-up; confidence is how much of the delay that rank causes."""
+    base = decide(shares, thresholds)
+    return Verdict(wall=wall, runner_up="communication" if wall != "communication" else base.runner_up,
+                   confidence=round(float(blame_share), 3), scores=base.scores)
+
+
+def job_walls(per_gpu_ns: list[dict[str, int]], iterations: list[int], exposed_wait_ns: list[int],
+              straggler_gpus: list[int], target: str | None) -> dict[str, float]:
+    """Job-level ns per step per wall, with waiting moved to the straggler's wall."""
+    per_step = []
+    for j, walls in enumerate(per_gpu_ns):
+        w = {k: v / max(iterations[j], 1) for k, v in walls.items()}
+        if target and j not in straggler_gpus:
+            moved = min(exposed_wait_ns[j] / max(iterations[j], 1), w["communication"])
+            w["communication"] -= moved
+            w[target] += moved
+        per_step.append(w)
+    return {k: float(np.mean([w[k] for w in per_step])) for k in WALLS}

@@ -1,0 +1,100 @@
+"""What the run's configuration was, from the profile itself: the captured command line and
+environment (META_DATA_CAPTURE) and what the kernels show. Every item keeps its source."""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from .load import RawProfile
+
+HOPPER = re.compile(r"H100|H200|H800|H20\b|GH200", re.I)
+NVL72 = re.compile(r"GB200|GB300", re.I)
+BLACKWELL = re.compile(r"B200|B100|B300|RTX PRO 6000", re.I)
+
+
+def parse_flags(command: list[str]) -> dict[str, str | bool]:
+    """``--flag value`` / ``--flag=value`` / ``--switch`` from a command line."""
+    flags: dict[str, str | bool] = {}
+    i = 0
+    while i < len(command):
+        tok = command[i]
+        if tok.startswith("--"):
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                flags[k] = v
+            elif i + 1 < len(command) and not command[i + 1].startswith("--"):
+                flags[tok] = command[i + 1]
+                i += 1
+            else:
+                flags[tok] = True
+        i += 1
+    return flags
+
+
+def platform(gpu_name: str) -> str:
+    if NVL72.search(gpu_name):
+        return "nvl72"
+    if BLACKWELL.search(gpu_name):
+        return "blackwell"
+    if HOPPER.search(gpu_name):
+        return "hopper"
+    return "other"
+
+
+def item(value, source: str) -> dict:
+    return {"value": value, "source": source}
+
+
+def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute_ratio: float,
+           cuda_graphs: bool) -> dict[str, dict]:
+    """The ``config`` section: one entry per setting, each with where it was seen."""
+    cfg: dict[str, dict] = {}
+    flags: dict[str, str | bool] = {}
+    env: dict[str, str] = {}
+    for p in profiles:
+        flags.update(parse_flags(p.command))
+        env.update(p.env)
+    if flags:
+        cfg["command_line_flags"] = item({k: v for k, v in flags.items()}, "META_DATA_CAPTURE command line")
+    for var in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "CUDA_DEVICE_MAX_CONNECTIONS",
+                "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "PYTORCH_CUDA_ALLOC_CONF", "NVTE_FLASH_ATTN"):
+        if var in env:
+            cfg[var] = item(env[var], "META_DATA_CAPTURE environment")
+    names = [str(n) for g in profiles for n in g.gpus["name"].unique()]
+    gpu = names[0] if names else ""
+    cfg["gpu"] = item(gpu or "unknown", "TARGET_INFO_GPU" if gpu else "not in profile")
+    cfg["platform"] = item(platform(gpu), "GPU name")
+    cfg["gpus_in_job"] = item(n_gpus, "kernel activity per (process, device)")
+    comm = ops[ops["is_comm"]]
+    libs = set(comm["library"].astype(str))
+    colls = set(comm["collective"].astype(str))
+    if "hybridep" in libs:
+        disp, src = "hybridep", "HybridEP kernels"
+    elif "deepep" in libs:
+        disp, src = "deepep", "DeepEP kernels (deep_ep::)"
+    elif "all_to_all" in colls:
+        disp, src = "alltoall", "NCCL all-to-all / SendRecv kernels"
+    elif "all_gather" in colls and n_gpus > 1:
+        disp, src = "allgather", "NCCL all-gather kernels, no all-to-all"
+    else:
+        disp, src = "none", "no expert-parallel communication kernels"
+    flag_disp = flags.get("--moe-token-dispatcher-type")
+    if isinstance(flag_disp, str):
+        cfg["moe_token_dispatcher_type"] = item(flag_disp, "command line")
+    cfg["dispatcher"] = item(disp, src)
+    cfg["expert_parallel"] = item(bool(n_gpus > 1 and ("all_to_all" in colls or disp in ("deepep", "hybridep"))),
+                                  "all-to-all traffic between GPUs")
+    cfg["cuda_graphs"] = item(bool(cuda_graphs), "cudaGraphLaunch calls / graph kernels")
+    cfg["fp8"] = item(bool(ops["is_fp8"].any()), "FP8 GEMM kernel names")
+    cfg["recompute"] = item("full" if recompute_ratio >= 0.5 else ("partial" if recompute_ratio >= 0.05 else "none"),
+                            f"forward/backward kernel pairs (ratio {recompute_ratio:.2f})")
+    for flag, key in (("--recompute-granularity", "recompute_granularity"),
+                      ("--expert-model-parallel-size", "expert_model_parallel_size"),
+                      ("--pipeline-model-parallel-size", "pipeline_model_parallel_size"),
+                      ("--tensor-model-parallel-size", "tensor_model_parallel_size"),
+                      ("--context-parallel-size", "context_parallel_size"),
+                      ("--seq-length", "seq_length")):
+        if flag in flags:
+            cfg[key] = item(flags[flag], "command line")
+    return cfg
