@@ -1,0 +1,106 @@
+"""Stage 6, report: a Diagnosis as terminal text (rich), Markdown, or JSON."""
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from .classify import WALLS
+from .pipeline import Diagnosis
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) -> str:
+    """The terminal report. Returns the text (also printed to ``console`` when given)."""
+    buf = io.StringIO()
+    con = console or Console(file=buf, width=width, force_terminal=False, color_system=None)
+    v, w = d.verdict, d.window
+    con.print(f"[bold]profclass[/bold]  {', '.join(d.inputs)}")
+    con.print(f"[bold]Verdict: {v['wall'].upper()} wall[/bold]  confidence {v['confidence']:.2f}, "
+              f"runner-up {v['runner_up']}")
+    con.print(v["summary"])
+    con.print(f"Steady state: {w['iterations']} iterations from {w['source']}, step "
+              f"{w['step_ms']['mean']:.1f} ms mean, {w['step_ms']['median']:.1f} median, "
+              f"{w['step_ms']['std']:.1f} std")
+    t = Table(title="Time per wall (job)", show_edge=False)
+    t.add_column("wall")
+    t.add_column("share", justify="right")
+    t.add_column("ms/step", justify="right")
+    for wall in WALLS:
+        t.add_row(wall, _pct(d.walls[wall]["share"]), f"{d.walls[wall]['ms_per_step']:.2f}")
+    con.print(t)
+    if len(d.devices) > 1:
+        t = Table(title="Per rank", show_edge=False)
+        for col in ("rank", "pid", "GPU", "wall", "compute", "comm", "host", "memory", "step ms", "waits ms/step"):
+            t.add_column(col, justify="right" if col not in ("wall",) else "left")
+        for dv in sorted(d.devices, key=lambda x: (x["rank"] is None, x["rank"])):
+            waits = dv["comm"]["exposed_wait_ns"] / max(dv["iterations"], 1) / 1e6 if dv["comm"] else 0.0
+            t.add_row(str(dv["rank"]), str(dv["pid"]), str(dv["device"]), dv["wall"],
+                      *[_pct(dv["walls"][x]["share"]) for x in WALLS], f"{dv['step_ms']:.1f}", f"{waits:.1f}")
+        con.print(t)
+    for s in d.stragglers:
+        con.print(f"[bold]Straggler[/bold]: rank {s['rank']} (pid {s['pid']}, GPU {s['device']}): {s['reason']}; "
+                  f"{s['detail']}; the others wait {s['others_wait_ms_per_step']:.1f} ms/step for it")
+    if d.collectives:
+        t = Table(title="Collectives (ms/step, mean over ranks)", show_edge=False)
+        for col in ("collective", "group", "n", "transfer", "wait", "exposed transfer", "exposed wait", "overlapped"):
+            t.add_column(col, justify="left" if col in ("collective", "group") else "right")
+        for c in d.collectives:
+            t.add_row(c["collective"], c["group"], str(c["instances"]), f"{c['transfer_ms_per_step']:.2f}",
+                      f"{c['wait_ms_per_step']:.2f}", f"{c['exposed_transfer_ms_per_step']:.2f}",
+                      f"{c['exposed_wait_ms_per_step']:.2f}", f"{c['overlapped_ms_per_step']:.2f}")
+        con.print(t)
+    t = Table(title="Evidence", show_edge=False)
+    for col in ("wall", "metric", "value", "unit", "note"):
+        t.add_column(col, justify="right" if col == "value" else "left")
+    for e in d.evidence:
+        t.add_row(e["wall"], e["metric"], f"{e['value']:.3f}", e["unit"], e["note"])
+    con.print(t)
+    if d.fixes:
+        con.print("[bold]Fixes to try[/bold] (expected gain is an upper bound):")
+        for i, f in enumerate(d.fixes, 1):
+            con.print(f"{i}. [{f['wall']}] {f['title']}  (up to {f['expected_gain_ms']:.1f} ms/step, "
+                      f"{f['expected_gain_pct']:.0f}%)\n   flags: {f['flags']}\n   why: {f['why']}")
+    for p in d.pitfalls:
+        con.print(f"[bold]Pitfall[/bold]: {p.get('rule', '')}: {p.get('message', '')}")
+    if d.missing:
+        con.print("Missing from the profile: " + "; ".join(d.missing))
+    return buf.getvalue() if console is None else ""
+
+
+def render_markdown(d: Diagnosis) -> str:
+    v, w = d.verdict, d.window
+    lines = [f"## profclass: **{v['wall']}** wall (confidence {v['confidence']:.2f}, runner-up {v['runner_up']})",
+             "", v["summary"], "",
+             f"Steady state: {w['iterations']} iterations ({w['source']}), step {w['step_ms']['mean']:.1f} ms "
+             f"(median {w['step_ms']['median']:.1f}, std {w['step_ms']['std']:.1f}).", "",
+             "| wall | share | ms/step |", "|---|---:|---:|"]
+    lines += [f"| {x} | {_pct(d.walls[x]['share'])} | {d.walls[x]['ms_per_step']:.2f} |" for x in WALLS]
+    if len(d.devices) > 1:
+        lines += ["", "| rank | GPU | wall | compute | comm | host | memory | step ms |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
+        for dv in sorted(d.devices, key=lambda x: (x["rank"] is None, x["rank"])):
+            lines.append(f"| {dv['rank']} | {dv['device']} | {dv['wall']} | "
+                         + " | ".join(_pct(dv["walls"][x]["share"]) for x in WALLS) + f" | {dv['step_ms']:.1f} |")
+    for s in d.stragglers:
+        lines += ["", f"**Straggler:** rank {s['rank']} ({s['reason']}): {s['detail']}."]
+    if d.fixes:
+        lines += ["", "### Fixes (expected gain is an upper bound)", ""]
+        lines += [f"{i}. **{f['title']}** ({f['wall']}, up to {f['expected_gain_ms']:.1f} ms/step, "
+                  f"{f['expected_gain_pct']:.0f}%): `{f['flags']}`. {f['why']}" for i, f in enumerate(d.fixes, 1)]
+    for p in d.pitfalls:
+        lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}"]
+    if d.missing:
+        lines += ["", "Missing from the profile: " + "; ".join(d.missing)]
+    return "\n".join(lines) + "\n"
+
+
+def one_line(d: Diagnosis) -> str:
+    """A summary fit for a training log."""
+    v = d.verdict
+    shares = " ".join(f"{x}={_pct(d.walls[x]['share'])}" for x in WALLS)
+    return (f"profclass: {v['wall']} wall (confidence {v['confidence']:.2f}, runner-up {v['runner_up']}); "
+            f"step {d.window['step_ms']['mean']:.1f} ms; {shares}")
