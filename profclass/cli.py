@@ -64,3 +64,16 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output):
         click.echo(text, nl=False)
     if d.verdict["wall"] in fail_on:
         sys.exit(EXIT_FAIL_ON)
+
+
+@main.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def explain(fmt):
+    """Print the reference: the four walls, the fixes table and the configuration rules."""
+    import json
+
+    from .explain import reference, render_reference
+    if fmt == "json":
+        click.echo(json.dumps(reference(), indent=2))
+    else:
+        click.echo(render_reference(), nl=False)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from . import classify, comm, config, fixes, intervals as iv
+from . import classify, comm, config, fixes, intervals as iv, pitfalls
 from .errors import ProfileError
 from .features import compute_features
 from .inputs import resolve
@@ -159,6 +159,14 @@ def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis
     env_flags = {f"{k}": v for k, v in profiles[0].env.items()} if profiles else {}
     chosen = fixes.select([verdict.wall, verdict.runner_up], ctx, {**env_flags, **flags}, numbers,
                           step_ms=step_ns / 1e6)
+    peaks = [f.peak_memory_bytes / f.total_memory_bytes for f in feats
+             if f.peak_memory_bytes and f.total_memory_bytes]
+    peak_share = max(peaks) if peaks else None
+    env_all = {k: v for p in profiles for k, v in p.env.items()}
+    found = pitfalls.check(pitfalls.facts(flags, env_all, cfg, peak_share, len(gpus)), numbers, step_ns / 1e6)
+    for pf in found:
+        if peak_share is not None and "memory_headroom" in pf["facts"]:
+            pf["evidence"] = f"peak GPU memory {100 * peak_share:.0f}% of capacity (CUDA_GPU_MEMORY_USAGE_EVENTS)"
     per_it = [np.asarray(f.step_ns, float) / 1e6 for f in feats]
     if len({len(p) for p in per_it}) == 1:  # the same iterations on every GPU
         job_steps = np.mean(np.stack(per_it), axis=0)
@@ -182,6 +190,7 @@ def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis
         walls={w: {"share": round(shares[w], 4), "ms_per_step": round(job_ns[w] / 1e6, 3)} for w in classify.WALLS},
         window=window, devices=devices, stragglers=stragglers, collectives=ca.collectives,
         fixes=chosen, evidence=_evidence(feats, its, ca, numbers, step_ns), missing=missing, config=cfg,
+        pitfalls=found,
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}))
 

@@ -1,0 +1,86 @@
+"""Configuration pitfalls: evaluate the rules table (``data/rules.toml``) against facts
+derived from the profile. Each rule is a conjunction of named facts; the facts are the only
+code here, so adding a rule over existing facts is a data change."""
+from __future__ import annotations
+
+import math
+from importlib import resources
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+HEADROOM_SHARE = 0.6  # peak memory below this share of the card counts as ample headroom
+LONG_CONTEXT = 16384
+
+
+def load_rules() -> list[dict]:
+    text = resources.files("profclass").joinpath("data/rules.toml").read_text()
+    return tomllib.loads(text)["rule"]
+
+
+def _int(v) -> int | None:
+    try:
+        return int(str(v))
+    except (TypeError, ValueError):
+        return None
+
+
+def facts(flags: dict, env: dict, cfg: dict, peak_share: float | None, n_gpus: int) -> dict[str, bool]:
+    """Named facts about one run. ``flags`` from the captured command line, ``env`` the captured
+    environment, ``cfg`` the Diagnosis config section, ``peak_share`` peak memory / capacity."""
+    seq = _int(flags.get("--seq-length"))
+    cp = _int(flags.get("--context-parallel-size")) or 1
+    guess = 2 ** round(math.log2(max(seq / 4096, 1))) if seq else None
+    disp = cfg.get("dispatcher", {}).get("value")
+    backend = str(flags.get("--moe-flex-dispatcher-backend", ""))
+    domain = _int(env.get("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"))
+    platform = cfg.get("platform", {}).get("value")
+    expected_domain = 72 if platform == "nvl72" else n_gpus
+    return {
+        "flex_backend_set": "--moe-flex-dispatcher-backend" in flags,
+        "dispatcher_type_flex": str(flags.get("--moe-token-dispatcher-type", "")) == "flex",
+        "ep_overlap": "--overlap-moe-expert-parallel-comm" in flags,
+        "pp_gt1": (_int(flags.get("--pipeline-model-parallel-size")) or 1) > 1,
+        "vpp": any(f in flags for f in ("--num-layers-per-virtual-pipeline-stage",
+                                        "--num-virtual-stages-per-pipeline-rank")),
+        "shared_expert_overlap": "--moe-shared-expert-overlap" in flags,
+        "full_recompute": (str(flags.get("--recompute-granularity", "")) == "full"
+                           or cfg.get("recompute", {}).get("value") == "full"),
+        "cuda_graphs": bool(cfg.get("cuda_graphs", {}).get("value")) or any(
+            f in flags for f in ("--cuda-graph-impl", "--enable-cuda-graph", "--external-cuda-graph")),
+        "hybridep": disp == "hybridep" or backend == "hybridep",
+        "hybridep_domain_matches": domain is not None and domain == expected_domain,
+        "long_context": bool(seq and seq >= LONG_CONTEXT),
+        "cp_far_from_guess": bool(guess and max(cp, guess) / min(cp, guess) >= 4),
+        "memory_headroom": peak_share is not None and peak_share < HEADROOM_SHARE,
+    }
+
+
+def _holds(fact_values: dict[str, bool], cond: str) -> bool:
+    neg = cond.startswith("not ")
+    value = fact_values.get(cond[4:] if neg else cond, False)
+    return not value if neg else value
+
+
+def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scope: str = "run") -> list[dict]:
+    from .fixes import GAINS
+    out = []
+    for rule in load_rules():
+        if rule.get("scope", "run") != scope:
+            continue
+        if not all(_holds(fact_values, c) for c in rule["when"]):
+            continue
+        cost = rule.get("cost", "")
+        if cost == "recompute_ms":
+            ms = cost_numbers.get("recompute_ms", 0.0)
+        elif cost and cost_numbers:
+            ms = max(0.0, float(GAINS[cost](cost_numbers)))
+        else:
+            ms = None
+        out.append({"rule": rule["id"], "title": rule["title"], "message": rule["message"], "fix": rule["fix"],
+                    "cost_ms_per_step": None if ms is None else round(ms, 2),
+                    "cost_pct": None if ms is None or not step_ms else round(100 * ms / step_ms, 1),
+                    "facts": [c for c in rule["when"]]})
+    return out
