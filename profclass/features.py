@@ -75,6 +75,7 @@ class GpuFeatures:
     pair_fwd_ns: int = 0
     recompute_ns: int = 0
     sm_active: float | None = None
+    sm_active_estimate: float | None = None
     sm_active_source: str = ""
     tensor_active: float | None = None
     peak_memory_bytes: int | None = None
@@ -228,16 +229,6 @@ def _ended_within(sorted_ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np
 
 
 def _utilisation(f, gpu, prof, comp, C, lo, hi) -> None:
-    gm = prof.gpu_metrics
-    if not gm.empty:
-        dev = gm[(gm["device"] == _metric_device(gpu, prof)) & (gm["timestamp"] >= lo) & (gm["timestamp"] < hi)]
-        sm = dev[dev["metric"] == "sm_active"]["value"]
-        if len(sm):
-            f.sm_active = float(sm.mean()) / 100.0
-            f.sm_active_source = "GPU_METRICS SM Active (mean over the window)"
-            ta = dev[dev["metric"] == "tensor_active"]["value"]
-            f.tensor_active = float(ta.mean()) / 100.0 if len(ta) else None
-            return
     sm_count = _sm_count(gpu, prof)
     busy = iv.total(C)
     if sm_count and busy and not comp.empty:
@@ -245,8 +236,18 @@ def _utilisation(f, gpu, prof, comp, C, lo, hi) -> None:
         # over the window (idle and exposed communication count as 0)
         dur = (np.minimum(comp["end"], hi) - np.maximum(comp["start"], lo)).clip(lower=0).to_numpy()
         cover = np.minimum(1.0, comp["grid"].to_numpy() / sm_count)
-        f.sm_active = float((dur * cover).sum() / max(dur.sum(), 1)) * busy / max(f.window_ns, 1)
+        f.sm_active_estimate = float((dur * cover).sum() / max(dur.sum(), 1)) * busy / max(f.window_ns, 1)
+        f.sm_active = f.sm_active_estimate
         f.sm_active_source = "estimate: grid size vs SM count, weighted by kernel time"
+    gm = prof.gpu_metrics
+    if not gm.empty:
+        dev = gm[(gm["device"] == _metric_device(gpu, prof)) & (gm["timestamp"] >= lo) & (gm["timestamp"] < hi)]
+        sm = dev[dev["metric"] == "sm_active"]["value"]
+        if len(sm):
+            f.sm_active = float(sm.mean()) / 100.0
+            f.sm_active_source = "GPU_METRICS SMs Active (mean over the window)"
+            ta = dev[dev["metric"] == "tensor_active"]["value"]
+            f.tensor_active = float(ta.mean()) / 100.0 if len(ta) else None
 
 
 def _sm_count(gpu, prof) -> int:
