@@ -1,0 +1,157 @@
+"""Multi-rank analysis on a built 3-rank job: collective matching, wait vs transfer,
+stragglers, clock alignment of one-report-per-rank captures.
+
+Every step (20 ms, NVTX "iteration i") on rank r:  compute [t, t + c_r), then an
+all-to-all from t + c_r until t + 12 ms (it finishes 2 ms after the last rank arrives at
+t + 10 ms), then compute [t + 12, t + 18), then 2 ms idle. The hot rank has c = 10 ms, the
+others 4 ms, so each of them waits 6 ms per step and transfers 2 ms.
+
+Hand-worked expectations (5 steps; the window runs from t0 to the end of the last step's
+GPU work, 4 * 20 + 18 = 98 ms, i.e. 19.6 ms per step):
+  hot rank:    compute 16 ms/step, exposed comm 2, idle 8 ms / 5 = 1.6
+  other ranks: compute 10 ms/step, exposed comm 8 (6 waiting + 2 transfer), idle 1.6
+  blame: every instance the hot rank arrives 6 ms after the median arrival -> 6 ms/step
+  job walls with the waiting moved to the straggler's wall (compute): compute 16, comm 2,
+  host 1.6 ms per step on every rank.
+"""
+import pytest
+
+import profclass
+from nsys_builder import NsysExportBuilder
+
+MS = 1_000_000
+T0 = 50_000_000_000
+STEP, STEPS = 20, 5
+A2A_SHORT = "ncclDevKernel_SendRecv"
+A2A = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def add_rank(b, *, pid, device, compute_ms, clock=0, end_jitter=(0,) * STEPS, extra_leading=False):
+    """One rank's steps; ``clock`` is what this report's clock reads minus true time."""
+    b.add_gpu(device)
+    for i in range(STEPS):
+        t = T0 + i * STEP * MS + clock
+        b.add_nvtx(f"iteration {i}", t - MS, t + (STEP - 1) * MS, pid=pid)
+        b.add_kernel(t, t + compute_ms * MS, "sm90_xmma_gemm_bf16", device=device, pid=pid,
+                     launch=(t - MS // 2, t - MS // 2 + 5_000))
+        b.add_kernel(t + compute_ms * MS, t + 12 * MS + end_jitter[i], A2A_SHORT, demangled=A2A,
+                     device=device, pid=pid, stream=20, launch=(t - 4 * MS // 10, t - 4 * MS // 10 + 5_000))
+        b.add_kernel(t + 12 * MS, t + 18 * MS, "vectorized_elementwise_kernel", device=device, pid=pid,
+                     launch=(t - 3 * MS // 10, t - 3 * MS // 10 + 5_000))
+    if extra_leading:  # the capture caught one collective of the step before the first
+        t = T0 - 15 * MS + clock
+        b.add_kernel(t, t + 2 * MS, A2A_SHORT, demangled=A2A, device=device, pid=pid, stream=20,
+                     launch=(t - MS // 2, t - MS // 2 + 5_000))
+
+
+def one_report(path, computes=(10, 4, 4), extra_leading_rank=None):
+    b = NsysExportBuilder(path)
+    for r, c in enumerate(computes):
+        add_rank(b, pid=201 + r, device=r, compute_ms=c, extra_leading=(r == extra_leading_rank))
+    b.write()
+    return path
+
+
+def check_imbalanced_job(d, hot_rank, exact=True):
+    approx = (lambda x: x) if exact else (lambda x: pytest.approx(x, abs=0.01))
+    assert d.window["source"] == "nvtx"
+    assert d.window["iterations"] == 5
+    (row,) = d.collectives
+    assert row["collective"] == "all_to_all" and row["group"] == "EP"
+    assert row["instances"] == 5
+    # per step, mean over the 3 ranks: transfer 2 ms each; waiting (0 + 6 + 6) / 3 = 4 ms
+    assert row["transfer_ms_per_step"] == approx(2.0)
+    assert row["wait_ms_per_step"] == approx(4.0)
+    assert row["exposed_wait_ms_per_step"] == approx(4.0)
+    assert row["overlapped_ms_per_step"] == approx(0.0)
+    (s,) = d.stragglers
+    assert s["rank"] == hot_rank
+    assert s["reason"] == "imbalance"
+    assert s["cost_ms_per_step"] == approx(6.0)
+    assert s["others_wait_ms_per_step"] == approx(6.0)
+    assert s["blame_share"] == 1.0
+    assert d.verdict["wall"] == "compute" and d.verdict["runner_up"] == "communication"
+    assert d.verdict["confidence"] == 1.0
+    assert d.walls["compute"]["share"] == approx(round(16 / 19.6, 4))
+    assert d.walls["communication"]["share"] == approx(round(2 / 19.6, 4))
+    assert d.walls["host"]["share"] == approx(round(1.6 / 19.6, 4))
+    by_rank = {dv["rank"]: dv for dv in d.devices}
+    for r, dv in by_rank.items():
+        assert dv["iterations"] == 5
+        assert dv["step_ms"] == 19.6
+        waited = 0 if r == hot_rank else 6 * STEPS * MS
+        assert dv["comm"]["wait_ns"] == waited
+        assert dv["comm"]["exposed_wait_ns"] == waited
+        if exact:
+            assert dv["comm"]["transfer_ns"] == 2 * STEPS * MS
+    assert by_rank[hot_rank]["walls"]["compute"]["ms_per_step"] == 16.0
+    assert all(dv["walls"]["compute"]["ms_per_step"] == 10.0 for r, dv in by_rank.items() if r != hot_rank)
+
+
+def test_one_report_several_processes(tmp_path):
+    d = profclass.diagnose(str(one_report(tmp_path / "job.sqlite")))
+    check_imbalanced_job(d, hot_rank=0)
+    assert d.clock == {}  # one report, one clock
+
+
+def test_matching_survives_an_extra_leading_collective(tmp_path):
+    # rank 1 holds one more all-to-all (before the first iteration): instances are matched
+    # by end time, not by position, so nothing changes
+    d = profclass.diagnose(str(one_report(tmp_path / "job.sqlite", extra_leading_rank=1)))
+    check_imbalanced_job(d, hot_rank=0)
+
+
+def test_balanced_job_has_no_straggler_and_no_waiting(tmp_path):
+    d = profclass.diagnose(str(one_report(tmp_path / "job.sqlite", computes=(7, 7, 7))))
+    assert d.stragglers == []
+    (row,) = d.collectives
+    assert row["wait_ms_per_step"] == 0.0
+    assert row["transfer_ms_per_step"] == 5.0  # [t + 7, t + 12)
+    assert row["exposed_transfer_ms_per_step"] == 5.0
+
+
+# one report per rank: file name order, RANK, session start and clock error all differ.
+# (file, RANK, session start offset, clock error not explained by the session start,
+#  jitter of this rank's collective end times)
+PER_RANK = [
+    ("a.sqlite", 2, 0, 0, (0,) * STEPS),
+    ("b.sqlite", 0, 3_000_000_000, 7 * MS, (0, 1_000, -1_000, 2_000, 0)),
+    ("c.sqlite", 1, -1_500_000_000, -4 * MS, (0,) * STEPS),
+]
+SESSION_START = 1_795_659_794_000_000_000
+
+
+def per_rank_job(directory):
+    directory.mkdir()
+    for name, rank, offset, error, jitter in PER_RANK:
+        b = NsysExportBuilder(directory / name, session_start_ns=SESSION_START + offset)
+        b.add_meta_command(["python3", "moe_train.py"], env={"RANK": str(rank), "WORLD_SIZE": "3"})
+        # a report's clock reads true time minus its session start offset, plus its error
+        add_rank(b, pid=300 + rank, device=0, compute_ms=10 if rank == 0 else 4, clock=error - offset,
+                 end_jitter=jitter)
+        b.write()
+    return directory
+
+
+def test_one_report_per_rank_clock_alignment(tmp_path):
+    d = profclass.diagnose(str(per_rank_job(tmp_path / "job")))
+    assert sorted(dv["rank"] for dv in d.devices) == [0, 1, 2]
+    assert {dv["file"].rsplit("/", 1)[-1]: dv["rank"] for dv in d.devices} == {"a.sqlite": 2, "b.sqlite": 0,
+                                                                               "c.sqlite": 1}
+    # after the session-start shift, the collective end times align b and c to a; the
+    # residual is the median deviation of b's jittered ends (0, 1, 1, 2, 0 us) and 0 for c
+    assert d.clock == {"aligned_sources": 2, "residual_skew_ns": {1: 1_000, 2: 0}}
+    check_imbalanced_job(d, hot_rank=0, exact=False)
+
+
+def test_per_rank_without_session_start_still_aligns_on_collectives(tmp_path):
+    directory = tmp_path / "job"
+    directory.mkdir()
+    for name, rank, offset, error, _ in PER_RANK:
+        b = NsysExportBuilder(directory / name, drop_tables=["TARGET_INFO_SESSION_START_TIME"])
+        b.add_meta_command(["python3", "moe_train.py"], env={"RANK": str(rank)})
+        add_rank(b, pid=300 + rank, device=0, compute_ms=10 if rank == 0 else 4, clock=error - offset)
+        b.write()
+    d = profclass.diagnose(str(directory))
+    assert d.clock == {"aligned_sources": 2, "residual_skew_ns": {1: 0, 2: 0}}
+    check_imbalanced_job(d, hot_rank=0)
