@@ -1,0 +1,71 @@
+"""Shared fixtures: the labelled corpus, diagnoses cached per session, and nsys.
+
+Each real diagnosis costs ~0.5 s on a small machine, and several test files ask about the
+same profile, so ``diagnosis(name)`` runs ``profclass.diagnose`` once per profile per session.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES_DIR = ROOT / "fixtures" / "profiles"
+CORPUS = tomllib.loads((ROOT / "fixtures" / "corpus.toml").read_text())
+PROFILES = {p["name"]: p for p in CORPUS["profile"]}
+NSYS_DEFAULT = Path("/opt/nsys/usr/lib/nsight-systems/bin/nsys")
+GET_NSYS = ROOT.parent / "shared" / "nsys" / "get-nsys.sh"
+
+
+def profile_path(name: str) -> Path:
+    return PROFILES_DIR / PROFILES[name]["path"]
+
+
+def find_nsys() -> str | None:
+    """nsys as profclass finds it: $NSYS, PATH, then the default install prefix."""
+    env = os.environ.get("NSYS")
+    if env and os.access(env, os.X_OK):
+        return env
+    return shutil.which("nsys") or (str(NSYS_DEFAULT) if os.access(NSYS_DEFAULT, os.X_OK) else None)
+
+
+@pytest.fixture(scope="session")
+def nsys() -> str:
+    """The nsys binary; installed once with ../shared/nsys/get-nsys.sh when missing."""
+    found = find_nsys()
+    if found:
+        return found
+    if not GET_NSYS.exists():
+        pytest.skip(f"nsys not found ($NSYS, PATH, {NSYS_DEFAULT}) and no installer at {GET_NSYS}")
+    proc = subprocess.run(["bash", str(GET_NSYS), "/opt/nsys"], capture_output=True, text=True, timeout=900)
+    found = find_nsys()
+    if proc.returncode != 0 or not found:
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        pytest.skip(f"nsys could not be installed with {GET_NSYS} (exit {proc.returncode}: {last[0]})")
+    return found
+
+
+@pytest.fixture(scope="session")
+def diagnosis(request):
+    """``diagnosis(name)`` -> the profclass Diagnosis of a corpus profile (cached)."""
+    import profclass
+
+    cache: dict[str, object] = {}
+
+    def get(name: str):
+        if name not in cache:
+            path = profile_path(name)
+            if path.suffix == ".nsys-rep":
+                request.getfixturevalue("nsys")  # a report needs nsys to export it
+            cache[name] = profclass.diagnose(str(path))
+        return cache[name]
+
+    return get
