@@ -15,6 +15,7 @@ from . import classify, comm, config, fixes, intervals as iv, pitfalls
 from .errors import ProfileError
 from .features import compute_features
 from .inputs import resolve
+from .kernel_table import kernel_table, table_records
 from .load import load
 from .timeline import GpuTimeline, build_ops, detect_iterations, split_gpus
 
@@ -39,6 +40,8 @@ class Diagnosis:
     pitfalls: list[dict] = field(default_factory=list)
     clock: dict = field(default_factory=dict)
     nsys_versions: list[str] = field(default_factory=list)
+    # time per step of each normalised kernel/copy name, mean per GPU (what `diff` matches)
+    kernels: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -192,7 +195,8 @@ def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis
         fixes=chosen, evidence=_evidence(feats, its, ca, numbers, step_ns), missing=missing, config=cfg,
         pitfalls=found,
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
-        nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}))
+        nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
+        kernels=table_records(kernel_table(gpus, its)))
 
 
 def _round_features(d: dict) -> dict:

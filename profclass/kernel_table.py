@@ -1,0 +1,100 @@
+"""Per-kernel time per step, by normalised name: the table ``profclass diff`` matches across runs.
+
+Two builds of the same model rarely emit byte-identical kernel names: template arguments
+carry tile sizes and vector widths, Triton and cuBLAS kernels carry numeric suffixes, and
+parameter lists repeat what the template already says. ``normalise_name`` drops the
+parameter list and a leading ``void`` and replaces every free-standing number (``(int)128``,
+``128x256``, ``_12``) by ``N``, but keeps identifiers (``sm90``, ``bf16``, functor names) so
+that an add kernel stays distinct from a fill kernel and a BF16 GEMM from an FP8 one.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+# a number not glued to a preceding letter or digit, with its "x"-joined dimensions (128x256x64)
+_NUMBER = re.compile(r"(?<![A-Za-z0-9])\d+(?:x\d+)*")
+_SPACES = re.compile(r"\s+")
+TABLE_COLUMNS = ["name", "op", "library", "collective", "is_comm", "is_gemm", "is_fp8",
+                 "count_per_step", "ms_per_step", "gpus"]
+
+
+def _drop_parameter_list(name: str) -> str:
+    """``f<T>(int, T *)`` -> ``f<T>``: cut the trailing balanced ``(...)``."""
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        c = name[i]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            depth -= 1
+            if depth == 0:
+                head = name[:i].rstrip()
+                # "operator ()" or an anonymous "(...)" alone is not a parameter list to drop
+                return head if head and not head.endswith("operator") else name
+    return name  # unbalanced (a truncated name): leave it
+
+
+def normalise_name(name: str) -> str:
+    n = _SPACES.sub(" ", str(name)).strip()
+    if n.startswith("void "):
+        n = n[5:]
+    n = _drop_parameter_list(n)
+    return _NUMBER.sub("N", n)
+
+
+def kernel_table(gpus, iterations: list[int]) -> pd.DataFrame:
+    """Mean per GPU and per steady-state step of each normalised op name (kernels, copies, sets).
+
+    ``gpus`` are GpuTimelines with their window set; ``iterations`` the steady iterations of
+    each. An op belongs to the window when it starts inside it, as in the features stage.
+    """
+    n_gpus = max(len(gpus), 1)
+    parts = []
+    for g, its in zip(gpus, iterations):
+        lo, hi = g.window
+        ops = g.ops
+        inside = ops[(ops["start"] >= lo) & (ops["start"] < hi)]
+        if inside.empty:
+            continue
+        dur = (inside["end"] - inside["start"]).to_numpy(dtype=np.int64)
+        agg = (pd.DataFrame({"full_name": inside["full_name"].astype(str).to_numpy(),
+                             "op": inside["op"].to_numpy(), "dur": dur})
+               .groupby(["full_name", "op"], sort=False, observed=True)
+               .agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
+        meta = inside.drop_duplicates("full_name")[["full_name", "library", "collective", "is_comm",
+                                                     "is_gemm", "is_fp8"]]
+        meta = meta.assign(full_name=meta["full_name"].astype(str))
+        agg = agg.merge(meta, on="full_name", how="left")
+        scale = 1.0 / (max(its, 1) * n_gpus)  # per step, then the mean over GPUs
+        agg["count_per_step"] = agg["count"] * scale
+        agg["ms_per_step"] = agg["ns"] * scale / 1e6
+        agg["gpu"] = len(parts)
+        parts.append(agg)
+    if not parts:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    allk = pd.concat(parts, ignore_index=True)
+    uniq = allk["full_name"].unique()
+    allk["name"] = allk["full_name"].map(dict(zip(uniq, (normalise_name(u) for u in uniq))))
+    allk["library"] = allk["library"].fillna("").astype(str)
+    allk["collective"] = allk["collective"].fillna("").astype(str)
+    for col in ("is_comm", "is_gemm", "is_fp8"):
+        allk[col] = allk[col].fillna(False).astype(bool)
+    table = allk.groupby(["name", "op"], sort=False).agg(
+        library=("library", "first"), collective=("collective", "first"), is_comm=("is_comm", "any"),
+        is_gemm=("is_gemm", "any"), is_fp8=("is_fp8", "any"), count_per_step=("count_per_step", "sum"),
+        ms_per_step=("ms_per_step", "sum"), gpus=("gpu", "nunique")).reset_index()
+    return table.sort_values("ms_per_step", ascending=False, kind="stable").reset_index(drop=True)[TABLE_COLUMNS]
+
+
+def table_records(table: pd.DataFrame) -> list[dict]:
+    """The table as JSON-ready rows (rounded)."""
+    t = table.assign(count_per_step=table["count_per_step"].astype(float).round(3),
+                     ms_per_step=table["ms_per_step"].astype(float).round(4),
+                     gpus=table["gpus"].astype(int))
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            for row in t.to_dict("records")]
