@@ -77,3 +77,93 @@ def explain(fmt):
         click.echo(json.dumps(reference(), indent=2))
     else:
         click.echo(render_reference(), nl=False)
+
+
+EXIT_FAIL_ABOVE = 4
+
+
+def _side_paths(value: str) -> list[str]:
+    """One side of a diff: a file, a directory, or rank files joined by commas."""
+    return [p for p in value.split(",") if p]
+
+
+@main.command("diff")
+@click.argument("sides", nargs=-1, metavar="BASE CANDIDATE")
+@click.option("--base", "base_opt", multiple=True, metavar="PATH",
+              help="A base profile (repeat for rank files); instead of the positional BASE.")
+@click.option("--candidate", "cand_opt", multiple=True, metavar="PATH",
+              help="A candidate profile (repeat for rank files); instead of the positional CANDIDATE.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
+              show_default=True, help="Output format (markdown: a pull-request comment).")
+@click.option("--fail-above", type=float, default=None, metavar="PCT",
+              help="Exit 4 when the candidate is slower by more than PCT percent and the change is significant.")
+@click.option("--min-effect", type=float, default=2.0, show_default=True, metavar="PCT",
+              help="Smallest step-time change (percent) that can count as significant.")
+@click.option("--alpha", type=float, default=0.05, show_default=True,
+              help="Significance level of the step-time test (Welch's t-test on per-iteration step times).")
+@click.option("--iteration-range", "iteration_regex", default=None, metavar="REGEX",
+              help="Regex for NVTX ranges that mark one iteration.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the report to this file instead of stdout.")
+def diff_cmd(sides, base_opt, cand_opt, fmt, fail_above, min_effect, alpha, iteration_regex, output):
+    """Compare a known-good run (BASE) with a new one (CANDIDATE): step time and its significance,
+    the change per wall, the kernels that moved, communication and configuration changes.
+
+    Each side is a profile file, a directory of rank files, rank files joined by commas, or a
+    stored diagnosis JSON (from 'diagnose --format json' or 'hook')."""
+    from .diff import diff, render_markdown, render_text
+    if base_opt or cand_opt:
+        if sides or not (base_opt and cand_opt):
+            raise click.UsageError("give BASE CANDIDATE, or both --base and --candidate (not a mix)")
+        base, cand = list(base_opt), list(cand_opt)
+    elif len(sides) == 2:
+        base, cand = _side_paths(sides[0]), _side_paths(sides[1])
+    else:
+        raise click.UsageError(f"expected BASE CANDIDATE, got {len(sides)} argument(s)")
+    try:
+        r = diff(base, cand, iteration_regex=iteration_regex, alpha=alpha, min_effect=min_effect / 100)
+    except ProfileError as exc:
+        _fail(exc)
+    text = {"json": lambda: r.to_json() + "\n", "markdown": lambda: render_markdown(r),
+            "text": lambda: render_text(r)}[fmt]()
+    if output:
+        try:
+            with open(output, "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            _fail(ProfileError(output, f"cannot write output ({exc.strerror})"))
+    else:
+        click.echo(text, nl=False)
+    if fail_above is not None and r.regression and r.step["delta_pct"] > fail_above:
+        sys.exit(EXIT_FAIL_ABOVE)
+
+
+@main.command()
+@click.argument("profiles", nargs=-1, required=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Write the reports here (default: beside the profile; the current directory if that "
+                   "is not writable).")
+@click.option("--baseline", multiple=True, metavar="PATH",
+              help="Baseline profile (repeat for rank files) or stored .profclass.json to diff against.")
+@click.option("--fail-on", callback=_walls, default="", metavar="WALL[,WALL]",
+              help="Exit 3 when the verdict is one of these walls.")
+@click.option("--fail-above", type=float, default=None, metavar="PCT",
+              help="Exit 4 when slower than the baseline by more than PCT percent, significantly.")
+@click.option("--min-effect", type=float, default=2.0, show_default=True, metavar="PCT",
+              help="Smallest step-time change (percent) that can count as significant.")
+@click.option("--iteration-range", "iteration_regex", default=None, metavar="REGEX",
+              help="Regex for NVTX ranges that mark one iteration.")
+@click.option("--strict", is_flag=True, help="Exit 2 on unreadable input instead of 0.")
+def hook(profiles, out_dir, baseline, fail_on, fail_above, min_effect, iteration_regex, strict):
+    """Post-job hook: diagnose PROFILES (one job), write <profile>.profclass.json and .md beside
+    it, print one line for the training log. Exits 0 unless --fail-on / --fail-above (or
+    --strict) asks otherwise: it never fails the job on its own."""
+    from .hook import run_hook
+    res = run_hook(list(profiles), out=out_dir, baseline=list(baseline), fail_on=fail_on,
+                   fail_above=fail_above, iteration_regex=iteration_regex, strict=strict,
+                   min_effect=min_effect / 100)
+    for m in res.messages:
+        click.echo(m, err=True)
+    if res.diagnosis is not None:
+        click.echo(res.summary)
+    sys.exit(res.exit_code)
