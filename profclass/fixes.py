@@ -48,6 +48,9 @@ GAINS = {
     "idle_alloc": lambda n: n["idle_alloc_ms"],
     "offload": lambda n: n["offload_ms"],
     "memory_all": lambda n: n["memory_ms"],
+    # halving the footprint can remove at most about half of what fitting costs
+    "memory_half": lambda n: n["memory_ms"] / 2.0,
+    "exposed_comm_wait": lambda n: n["comm_wait_ms"],
     "compute_low_sm": lambda n: n["compute_ms"] * max(0.0, 1.0 - n["sm_busy"]),
     "compute_elementwise": lambda n: n["elementwise_ms"],
     "compute_gemm_half": lambda n: n["gemm_ms"] / 2.0,
