@@ -1,6 +1,7 @@
 """The ``profclass`` command line."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -17,6 +18,42 @@ def _fail(exc: Exception) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+class _Guarded(click.Group):
+    """Last resort: profclass runs unattended (job hooks, CI), so whatever goes wrong ends in
+    one line and exit 2, never a traceback (PROFCLASS_DEBUG=1 re-raises, for bug reports)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except ProfileError as exc:
+            _fail(_one_line(exc))
+        except Exception as exc:  # noqa: BLE001 - see the class docstring
+            if os.environ.get("PROFCLASS_DEBUG"):
+                raise
+            _fail(_one_line(f"internal error ({type(exc).__name__}: {exc}); please report it with "
+                            f"the profile (PROFCLASS_DEBUG=1 shows the traceback)"))
+
+
+def check_output(path: str | None) -> None:
+    """Refuse an output path that cannot be written before spending time on the analysis
+    (one line, exit 2, like any bad input; click's own check prints a usage block)."""
+    if not path:
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        _fail(ProfileError(path, "cannot write output (is a directory)"))
+    if not os.path.isdir(parent):
+        _fail(ProfileError(path, "cannot write output (no such directory)"))
+    if not os.access(path if os.path.exists(path) else parent, os.W_OK):
+        _fail(ProfileError(path, "cannot write output (permission denied)"))
+
+
 def _walls(ctx, param, value):
     if not value:
         return []
@@ -27,7 +64,7 @@ def _walls(ctx, param, value):
     return walls
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Guarded, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="profclass")
 def main():
     """Diagnose Nsight Systems profiles of (MoE) training jobs: which wall holds the step back."""
@@ -35,25 +72,36 @@ def main():
 
 @main.command()
 @click.argument("profiles", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
-              show_default=True, help="Output format.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown", "html"]), default="text",
+              show_default=True, help="Output format (html: one self-contained file with the timeline).")
 @click.option("--iteration-range", "iteration_regex", default=None, metavar="REGEX",
               help="Regex for NVTX ranges that mark one iteration (default: iteration/step/ProfilerStep#N).")
 @click.option("--fail-on", callback=_walls, default="", metavar="WALL[,WALL]",
               help="Exit 3 when the verdict is one of these walls (for job hooks).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("-o", "--output", "--out", "output", default=None, metavar="FILE",
               help="Write the report to this file instead of stdout.")
-def diagnose(profiles, fmt, iteration_regex, fail_on, output):
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr (it shows only on a terminal).")
+def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet):
     """Diagnose PROFILES: one nsys export holding every rank, one export per rank, or a
     directory of them (.sqlite, .sqlite.zst, .nsys-rep)."""
     from . import report
     from .pipeline import diagnose as run
-    try:
-        d = run(list(profiles), iteration_regex=iteration_regex)
-    except ProfileError as exc:
-        _fail(exc)
-    text = {"json": lambda: d.to_json() + "\n", "markdown": lambda: report.render_markdown(d),
-            "text": lambda: report.render_text(d)}[fmt]()
+    from .progress import reporter
+    check_output(output)
+    with reporter(quiet) as progress:
+        try:
+            # markdown and html show the top kernels and the timeline: keep the timelines
+            d = run(list(profiles), iteration_regex=iteration_regex, progress=progress,
+                    keep_timelines=fmt in ("markdown", "html"))
+        except ProfileError as exc:
+            progress.__exit__()
+            _fail(exc)
+        if fmt == "html":
+            from .html import render_html
+            text = render_html(d, progress=progress)
+        else:
+            text = {"json": lambda: d.to_json() + "\n", "markdown": lambda: report.render_markdown(d),
+                    "text": lambda: report.render_text(d)}[fmt]()
     if output:
         try:
             with open(output, "w") as fh:
@@ -77,6 +125,36 @@ def explain(fmt):
         click.echo(json.dumps(reference(), indent=2))
     else:
         click.echo(render_reference(), nl=False)
+
+
+@main.command()
+@click.argument("profiles", nargs=-1, required=True)
+@click.option("-o", "--out", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="The picture to write: .png, .svg or .pdf.")
+@click.option("--iteration-range", "iteration_regex", default=None, metavar="REGEX",
+              help="Regex for NVTX ranges that mark one iteration (default: iteration/step/ProfilerStep#N).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr (it shows only on a terminal).")
+def timeline(profiles, output, iteration_regex, quiet):
+    """Draw one representative steady-state iteration per GPU of PROFILES (compute, each
+    collective type, copies, idle, NVTX) to a PNG, SVG or PDF picture."""
+    from .pipeline import diagnose as run
+    from .progress import reporter
+    from .timeline_view import save_figure, timeline_figure
+    if not output.lower().endswith((".png", ".svg", ".pdf")):
+        raise click.BadParameter("the picture's name must end in .png, .svg or .pdf", param_hint="--out")
+    with reporter(quiet) as progress:
+        try:
+            d = run(list(profiles), iteration_regex=iteration_regex, progress=progress, keep_timelines=True)
+        except ProfileError as exc:
+            progress.__exit__()
+            _fail(exc)
+        progress(f"drawing {output}")
+        try:
+            save_figure(timeline_figure(d), output)
+        except OSError as exc:
+            progress.__exit__()
+            _fail(ProfileError(output, f"cannot write output ({exc.strerror})"))
+    click.echo(f"{output}: {d.verdict['wall']} wall; one steady iteration of {len(d.devices)} GPU(s)", err=True)
 
 
 EXIT_FAIL_ABOVE = 4

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 
 from .errors import ProfileError
@@ -21,6 +22,8 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 PROFILE_SUFFIXES = (".sqlite", ".sqlite.zst", ".nsys-rep", ".db")
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)", re.I)
+EXPORT_TIMEOUT_S = 3600
+DEFAULT_NSYS = "/opt/nsys/usr/lib/nsight-systems/bin/nsys"  # where get-nsys.sh installs it
 
 
 @dataclass
@@ -56,20 +59,24 @@ def _expand(paths: list[str]) -> list[str]:
 
 def nsys_binary() -> str | None:
     env = os.environ.get("NSYS")
-    if env and os.path.isfile(env) and os.access(env, os.X_OK):
-        return env
+    if env:  # named explicitly: that one or none (never a different nsys behind the user's back)
+        return env if os.path.isfile(env) and os.access(env, os.X_OK) else None
     found = shutil.which("nsys")
     if found:
         return found
-    default = "/opt/nsys/usr/lib/nsight-systems/bin/nsys"
-    return default if os.path.isfile(default) else None
+    return DEFAULT_NSYS if os.path.isfile(DEFAULT_NSYS) and os.access(DEFAULT_NSYS, os.X_OK) else None
 
 
-def cache_dir() -> str:
+def cache_dir() -> str | None:
+    """Where .nsys-rep exports are kept: $PROFCLASS_CACHE, else ~/.cache/profclass (XDG).
+    None when it cannot be created or written (the export then goes to a scratch dir)."""
     base = os.environ.get("PROFCLASS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "profclass")
-    os.makedirs(base, exist_ok=True)
-    return base
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "profclass")
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError:
+        return None
+    return base if os.access(base, os.W_OK | os.X_OK) else None
 
 
 def _hash(path: str) -> str:
@@ -80,27 +87,67 @@ def _hash(path: str) -> str:
     return h.hexdigest()[:24]
 
 
-def export_nsys_rep(path: str, progress=None) -> str:
-    """``nsys export --type sqlite`` into the cache (reused while the report is unchanged)."""
+NSYS_PERCENT = re.compile(rb"\[[= ]*(\d{1,3})%[= ]*\]")
+NSYS_HELP = ("install NVIDIA Nsight Systems (the CUDA toolkit ships it; or run shared/nsys/get-nsys.sh "
+             "from the profclass repository) and put nsys on PATH or set $NSYS to it, or pass a SQLite "
+             "export made where nsys is with 'nsys export --type sqlite REPORT.nsys-rep'")
+
+
+def export_nsys_rep(path: str, progress=None, scratch: str | None = None) -> str:
+    """``nsys export --type sqlite`` into the cache, named by the report's content hash (so a
+    renamed or moved report is not exported twice); reused while the report is unchanged.
+
+    Nothing is written next to the report. When the cache cannot be written the export goes
+    to ``scratch`` (a temporary dir the caller removes). ``progress(message, fraction)``
+    follows nsys's own percentage.
+    """
     nsys = nsys_binary()
     if nsys is None:
-        raise ProfileError(path, "is an .nsys-rep report and nsys was not found: put nsys on PATH or set "
-                                 "$NSYS (e.g. install it with shared/nsys/get-nsys.sh), or pass a "
-                                 "SQLite export made with 'nsys export --type sqlite'")
-    out = os.path.join(cache_dir(), f"{_hash(path)}.sqlite")
+        where = f"$NSYS ({os.environ['NSYS']}) is not an executable" if os.environ.get("NSYS") else "nsys was not found"
+        raise ProfileError(path, f"is an .nsys-rep report and {where}: " + NSYS_HELP)
+    try:
+        key = _hash(path)
+    except OSError as exc:
+        raise ProfileError(path, f"cannot read ({exc.strerror})") from None
+    base = cache_dir() or scratch
+    if base is None:
+        raise ProfileError(path, "no writable cache for the nsys export: set $PROFCLASS_CACHE to a writable directory")
+    out = os.path.join(base, f"{key}.sqlite")
     if os.path.exists(out):
         return out
     tmp = out + f".part{os.getpid()}"
+    message = f"exporting {os.path.basename(path)} with nsys"
+    if progress:
+        progress(message, 0.0)
+    tail = b""
     try:
-        proc = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
-                               "--output", tmp, path], capture_output=True, text=True, timeout=3600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProfileError(path, f"nsys export failed ({exc})") from None
-    if proc.returncode != 0 or not os.path.exists(tmp):
-        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        proc = subprocess.Popen([nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
+                                 "--output", tmp, path], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        raise ProfileError(path, f"cannot run nsys export ({exc.strerror})") from None
+    # nsys redraws "Processing N events: [==42%   ]" with carriage returns: follow it
+    timed_out = threading.Event()
+    timer = threading.Timer(EXPORT_TIMEOUT_S, lambda: (timed_out.set(), proc.kill()))
+    timer.start()
+    try:
+        while chunk := proc.stdout.read1(4096):
+            tail = (tail + chunk)[-4096:]
+            pct = NSYS_PERCENT.findall(chunk)
+            if progress and pct:
+                progress(message, min(int(pct[-1]), 100) / 100)
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+        proc.stdout.close()
+    if rc != 0 or not os.path.exists(tmp):
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        raise ProfileError(path, f"nsys export failed: {last[0]}")
+        lines = [ln.strip() for ln in re.split(rb"[\r\n]+", tail) if ln.strip() and not NSYS_PERCENT.search(ln)]
+        last = lines[-1].decode(errors="replace") if lines else f"exit status {rc}"
+        if timed_out.is_set():
+            last = f"no result after {EXPORT_TIMEOUT_S} s"
+        raise ProfileError(path, f"nsys export failed: {last}")
     os.replace(tmp, out)
     return out
 
@@ -117,8 +164,9 @@ def _decompress(path: str, tmpdir: str) -> str:
 
 
 @contextlib.contextmanager
-def resolve(paths: list[str]):
-    """Yield InputFiles for ``paths``; temporary decompressed copies vanish on exit."""
+def resolve(paths: list[str], progress=None):
+    """Yield InputFiles for ``paths``; temporary decompressed copies vanish on exit.
+    ``progress(message, fraction)`` follows .nsys-rep exports."""
     files = _expand(list(paths))
     with tempfile.TemporaryDirectory(prefix="profclass-") as tmpdir:
         out = []
@@ -133,7 +181,7 @@ def resolve(paths: list[str]):
                 with open(sqlite, "rb") as fh:
                     head = fh.read(16)
             elif f.endswith(".nsys-rep"):
-                sqlite = export_nsys_rep(f)
+                sqlite = export_nsys_rep(f, progress=progress, scratch=tmpdir)
                 head = SQLITE_MAGIC
             else:
                 sqlite = f

@@ -17,6 +17,7 @@ from .features import compute_features
 from .inputs import resolve
 from .kernel_table import kernel_table, table_records
 from .load import load
+from .onejob import check_one_job
 from .timeline import GpuTimeline, build_ops, detect_iterations, split_gpus
 
 HOST_SYNC_IDLE_MIN = 0.03  # share of the step idle after host syncs that makes them worth fixing
@@ -42,6 +43,9 @@ class Diagnosis:
     nsys_versions: list[str] = field(default_factory=list)
     # time per step of each normalised kernel/copy name, mean per GPU (what `diff` matches)
     kernels: list[dict] = field(default_factory=list)
+    # diagnose(keep_timelines=True) sets this to the analysed GpuTimelines (for pictures and
+    # kernel tables); a plain class attribute, so not a dataclass field and not in to_dict()
+    timelines = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,16 +85,22 @@ def _assign_ranks(gpus: list[GpuTimeline], profiles, hints) -> None:
             gpus[i].rank = r
 
 
-def diagnose(paths, iteration_regex: str | None = None, progress=None) -> Diagnosis:
-    """Diagnose a job from its nsys exports. Raises ProfileError on bad input."""
+def diagnose(paths, iteration_regex: str | None = None, progress=None,
+             keep_timelines: bool = False) -> Diagnosis:
+    """Diagnose a job from its nsys exports. Raises ProfileError on bad input.
+
+    ``progress(message, fraction=None)``, when given, is called as each stage starts
+    (fraction: how far through the files, or through an nsys export, when known).
+    ``keep_timelines`` keeps the per-GPU timelines on ``Diagnosis.timelines``.
+    """
     if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
         paths = [paths]
     paths = [str(p) for p in paths]
-    with resolve(paths) as files:
+    with resolve(paths, progress=progress) as files:
         profiles, gpus, all_ops = [], [], []
         for src, f in enumerate(files):
             if progress:
-                progress(f"loading {f.given}")
+                progress(f"loading {f.given}", src / len(files))
             prof = load(f.sqlite)
             prof.path = f.given
             ops = build_ops(prof)
@@ -98,10 +108,16 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None) -> Diagno
             profiles.append(prof)
             gpus.extend(mine)
             all_ops.append(ops)
+        check_one_job(profiles, paths[0] if len(paths) == 1 else ", ".join(paths))
         if not gpus:
             raise ProfileError(paths[0] if len(paths) == 1 else ", ".join(paths),
                                "no GPU kernels in the profile (CPU-only capture, or CUDA tracing was off)")
-    return analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], iteration_regex, paths)
+    if progress:
+        progress(f"analysing {len(gpus)} GPU(s)")
+    d = analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], iteration_regex, paths)
+    if keep_timelines:
+        d.timelines = gpus
+    return d
 
 
 def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis:
@@ -185,7 +201,9 @@ def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis
     summary = _summary(verdict, shares, job_ns, stragglers, gpus)
     missing = sorted({m for p in profiles for m in p.missing})
     if sources[0] == "whole":
-        missing.append("iterations (no NVTX iteration ranges and no periodic kernel pattern: whole capture used)")
+        missing.append("iterations (no NVTX iteration ranges and no periodic kernel pattern: the whole "
+                       "capture was diagnosed as one window; a capture shorter than one iteration looks "
+                       "like this)")
     return Diagnosis(
         inputs=list(paths),
         verdict=dict(wall=verdict.wall, confidence=verdict.confidence, runner_up=verdict.runner_up,
@@ -251,8 +269,10 @@ def _numbers(feats, its, ca, stragglers, job_ns) -> dict:
             sm_busy.append(min(1.0, f.sm_active * f.window_ns / f.compute_ns))
     pair_keep = float(np.mean([f.pair_fwd_ns * f.recompute_ratio / (1 + f.recompute_ratio) / it
                                for f, it in zip(feats, its)])) / 1e6
+    comm_wait_ms = float(np.mean([ca.ranks[j].exposed_wait_ns / it for j, it in enumerate(its)])) / 1e6
     return dict(
         straggler_wait_ms=sum(s["others_wait_ms_per_step"] for s in stragglers),
+        comm_wait_ms=comm_wait_ms,
         exposed_ep_ms=exposed(ep_types, True), exposed_dp_ms=exposed(dp_types, False),
         compute_ms=comp_ms, gemm_ms=_mean_per_step(feats, its, "gemm_ns"),
         elementwise_ms=max(0.0, comp_ms - _mean_per_step(feats, its, "gemm_ns")),
@@ -276,6 +296,8 @@ def _context(cfg, feats, its, numbers, stragglers, step_ns) -> dict:
         fp8=cfg["fp8"]["value"], recompute=cfg["recompute"]["value"] == "full",
         straggler_reason=stragglers[0]["reason"] if stragglers else None,
         dp_comm_exposed=numbers["exposed_dp_ms"] >= 0.02 * step_ms,
+        comm_wait_dominant=bool(not stragglers and numbers["comm_wait_ms"] > numbers["exposed_ep_ms"]
+                                and numbers["comm_wait_ms"] >= 0.05 * step_ms),
         tp_comm_exposed=False,
         host_sync_idle=numbers["idle_sync_ms"] >= HOST_SYNC_IDLE_MIN * step_ms,
         launch_bound_kernels=bool(lb >= 0.2),

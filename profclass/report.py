@@ -72,7 +72,22 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
     return buf.getvalue() if console is None else ""
 
 
-def render_markdown(d: Diagnosis) -> str:
+def _cell(x) -> str:
+    """A Markdown table cell: pipes would end the cell, newlines the row."""
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(x: str) -> str:
+    """Inline code that survives backticks inside it."""
+    fence = "``" if "`" in x else "`"
+    return f"{fence}{x}{fence}" if fence == "`" else f"{fence} {x} {fence}"
+
+
+def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels: int = 10) -> str:
+    """The report for an issue or pull request (GitHub-flavoured Markdown).
+
+    With timelines (``diagnose(..., keep_timelines=True)``) it adds the top kernels;
+    ``timeline_image`` links a picture made by ``profclass timeline``."""
     v, w = d.verdict, d.window
     lines = [f"## profclass: **{v['wall']}** wall (confidence {v['confidence']:.2f}, runner-up {v['runner_up']})",
              "", v["summary"], "",
@@ -80,21 +95,44 @@ def render_markdown(d: Diagnosis) -> str:
              f"(median {w['step_ms']['median']:.1f}, std {w['step_ms']['std']:.1f}).", "",
              "| wall | share | ms/step |", "|---|---:|---:|"]
     lines += [f"| {x} | {_pct(d.walls[x]['share'])} | {d.walls[x]['ms_per_step']:.2f} |" for x in WALLS]
+    if timeline_image:
+        lines += ["", f"![one representative steady-state iteration per GPU]({timeline_image})"]
     if len(d.devices) > 1:
         lines += ["", "| rank | GPU | wall | compute | comm | host | memory | step ms |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
         for dv in sorted(d.devices, key=lambda x: (x["rank"] is None, x["rank"])):
             lines.append(f"| {dv['rank']} | {dv['device']} | {dv['wall']} | "
                          + " | ".join(_pct(dv["walls"][x]["share"]) for x in WALLS) + f" | {dv['step_ms']:.1f} |")
     for s in d.stragglers:
-        lines += ["", f"**Straggler:** rank {s['rank']} ({s['reason']}): {s['detail']}."]
+        lines += ["", f"**Straggler:** rank {s['rank']} ({s['reason']}): {s['detail']}; the others wait "
+                      f"{s['others_wait_ms_per_step']:.1f} ms/step for it."]
+    if d.collectives:
+        lines += ["", "| collective | group | n | transfer | wait | exposed transfer | exposed wait | overlapped |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {c['collective']} | {c['group']} | {c['instances']} | {c['transfer_ms_per_step']:.2f} | "
+                  f"{c['wait_ms_per_step']:.2f} | {c['exposed_transfer_ms_per_step']:.2f} | "
+                  f"{c['exposed_wait_ms_per_step']:.2f} | {c['overlapped_ms_per_step']:.2f} |" for c in d.collectives]
+        lines += ["", "Collectives in ms per step, mean over ranks (wait: time spent waiting for peers)."]
+    if getattr(d, "timelines", None) and top_kernels:
+        from .timeline_view import top_kernels as top
+        t = top(d, top_kernels)
+        lines += ["", "| kernel | kind | ms/step | of step | calls/step |", "|---|---|---:|---:|---:|"]
+        lines += [f"| {_cell(_code(r.kernel[:80]))} | {_cell(r.kind)} | {r.ms_per_step:.2f} | {_pct(r.share)} | "
+                  f"{r.calls_per_step:.1f} |" for r in t.itertuples()]
+        lines += ["", f"Top {len(t)} kernels by GPU time per steady step, mean over {len(d.devices)} GPU(s)."]
     if d.fixes:
         lines += ["", "### Fixes (expected gain is an upper bound)", ""]
         lines += [f"{i}. **{f['title']}** ({f['wall']}, up to {f['expected_gain_ms']:.1f} ms/step, "
-                  f"{f['expected_gain_pct']:.0f}%): `{f['flags']}`. {f['why']}" for i, f in enumerate(d.fixes, 1)]
+                  f"{f['expected_gain_pct']:.0f}%): {_code(f['flags'])}. {f['why']}" for i, f in enumerate(d.fixes, 1)]
     for p in d.pitfalls:
         lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}"]
+    if d.evidence:
+        lines += ["", "<details><summary>Evidence</summary>", "", "| wall | metric | value | unit | note |",
+                  "|---|---|---:|---|---|"]
+        lines += [f"| {e['wall']} | {_cell(e['metric'])} | {e['value']:.3f} | {e['unit']} | {_cell(e['note'])} |"
+                  for e in d.evidence]
+        lines += ["", "</details>"]
     if d.missing:
-        lines += ["", "Missing from the profile: " + "; ".join(d.missing)]
+        lines += ["", "Missing from the profile:", ""] + [f"- {m}" for m in d.missing]
     return "\n".join(lines) + "\n"
 
 
