@@ -1,0 +1,4 @@
+"""python -m profclass"""
+from .cli import main
+
+main()

@@ -1,0 +1,166 @@
+"""Advice that knows the run: expected gains, configuration from the profile, pitfalls."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import profclass
+from profclass.pitfalls import load_rules
+from tests.conftest import PROFILES
+from tests.nsys_builder import NsysExportBuilder
+
+# what each fix's gain is bounded by, as a measured job-level number in the evidence/numbers
+RUN_RULES = [r["id"] for r in load_rules() if r.get("scope", "run") == "run"]
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_fixes_sorted_by_gain_and_top_fix_is_the_verdicts(name, diagnosis):
+    d = diagnosis(name)
+    gains = [f["expected_gain_ms"] for f in d.fixes]
+    assert gains == sorted(gains, reverse=True)
+    assert d.fixes, "every profile gets fixes"
+    top = d.fixes[0]
+    assert top["wall"] == d.verdict["wall"]
+    step = d.window["step_ms"]["mean"]
+    assert 0 < top["expected_gain_ms"] <= step
+    assert top["expected_gain_pct"] == pytest.approx(100 * top["expected_gain_ms"] / step, abs=0.1)
+
+
+def test_gain_equals_the_exposed_time_it_targets(diagnosis):
+    # comm_4gpu: the DeepEP fix can win at most the exposed all-to-all transfer
+    d = diagnosis("comm_4gpu")
+    a2a = next(c for c in d.collectives if c["collective"] == "all_to_all")
+    deepep = next(f for f in d.fixes if "DeepEP" in f["title"])
+    assert deepep["expected_gain_ms"] == pytest.approx(a2a["exposed_transfer_ms_per_step"], rel=0.02)
+    # imbalance_4gpu: balancing routing can win at most what the others wait for rank 0
+    d = diagnosis("imbalance_4gpu")
+    top = d.fixes[0]
+    assert top["gain_basis"] == "straggler_wait"
+    assert top["expected_gain_ms"] == pytest.approx(d.stragglers[0]["others_wait_ms_per_step"], rel=0.01)
+    # host_1gpu: removing the host syncs can win at most the idle after host syncs
+    d = diagnosis("host_1gpu")
+    sync_idle = next(e["value"] for e in d.evidence if e["metric"] == "idle after host syncs")
+    assert d.fixes[0]["expected_gain_ms"] == pytest.approx(sync_idle, rel=0.01)
+
+
+def test_config_section_has_sources(diagnosis):
+    d = diagnosis("mcore_alltoall_4gpu")
+    for key in ("gpu", "platform", "dispatcher", "expert_parallel", "cuda_graphs", "fp8", "recompute"):
+        assert set(d.config[key]) == {"value", "source"}
+    assert d.config["dispatcher"]["value"] == "alltoall"
+    assert d.config["expert_parallel"]["value"] is True
+    assert d.config["platform"]["value"] == "hopper"
+    flags = d.config["command_line_flags"]["value"]
+    assert flags["--dispatcher"] == "alltoall" and flags["--ep"] == "4"
+    assert diagnosis("compute_1gpu").config["expert_parallel"]["value"] is False
+
+
+def test_full_recompute_with_headroom_on_real_profiles(diagnosis):
+    for name in ("mcore_recompute_4gpu", "memory_recompute_1gpu"):
+        d = diagnosis(name)
+        hit = [p for p in d.pitfalls if p["rule"] == "full_recompute_with_headroom"]
+        assert hit, name
+        assert hit[0]["cost_ms_per_step"] > 0
+        assert "peak GPU memory" in hit[0]["evidence"]
+        assert d.config["recompute"]["value"] == "full"
+    # full recompute, but the run fills 87% of the card: not a pitfall
+    d = diagnosis("memory_1gpu")
+    assert d.config["recompute"]["value"] == "full"
+    assert not [p for p in d.pitfalls if p["rule"] == "full_recompute_with_headroom"]
+    # no recompute at all
+    assert not diagnosis("compute_4gpu").pitfalls
+
+
+def _built(tmp_path, args, env=None, gpu="NVIDIA H100 80GB HBM3", recompute=False, peak_share=None,
+           kernels_extra=()):
+    """A two-iteration single-GPU export with a captured command line."""
+    b = NsysExportBuilder(tmp_path / "run.sqlite")
+    b.add_gpu(0, name=gpu, total_memory=80 * 2**30)
+    b.add_meta_command(["python3", "pretrain_gpt.py", *args], env=env)
+    t = 1_000_000
+    for it in range(3):
+        start = t
+        for _ in range(2 if recompute else 1):  # forward-type kernels, twice under full recompute
+            b.add_kernel(t, t + 50_000, "flash_fprop_kernel", launch=(t - 20_000, t - 10_000))
+            t += 60_000
+        b.add_kernel(t, t + 100_000, "flash_bprop_kernel", launch=(t - 20_000, t - 10_000))
+        t += 110_000
+        b.add_kernel(t, t + 400_000, "nvjet_gemm", launch=(t - 20_000, t - 10_000))
+        t += 410_000
+        for name in kernels_extra:
+            b.add_kernel(t, t + 10_000, name, launch=(t - 5_000, t - 1_000))
+            t += 20_000
+        b.add_nvtx(f"iteration {it}", start - 30_000, t)
+        t += 50_000
+    if peak_share is not None:
+        b.add_memory_event(10_000, int(peak_share * 80 * 2**30))
+    return b.write()
+
+
+CASES = {
+    # rule: (triggering args/env/options, the same run without the violation)
+    "flex_backend_without_flex": (
+        dict(args=["--moe-flex-dispatcher-backend", "deepep", "--moe-token-dispatcher-type", "alltoall"]),
+        dict(args=["--moe-flex-dispatcher-backend", "deepep", "--moe-token-dispatcher-type", "flex"])),
+    "ep_overlap_pp_without_vpp": (
+        dict(args=["--overlap-moe-expert-parallel-comm", "--pipeline-model-parallel-size", "4"]),
+        dict(args=["--overlap-moe-expert-parallel-comm", "--pipeline-model-parallel-size", "4",
+                   "--num-layers-per-virtual-pipeline-stage", "2"])),
+    "ep_overlap_with_shared_expert_overlap": (
+        dict(args=["--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap"]),
+        dict(args=["--overlap-moe-expert-parallel-comm"])),
+    "ep_overlap_with_full_recompute": (
+        dict(args=["--overlap-moe-expert-parallel-comm", "--recompute-granularity", "full"]),
+        dict(args=["--overlap-moe-expert-parallel-comm", "--recompute-granularity", "selective"])),
+    "cuda_graphs_with_full_recompute": (
+        dict(args=["--cuda-graph-impl", "transformer_engine"], recompute=True, peak_share=0.9),
+        dict(args=["--cuda-graph-impl", "transformer_engine"], peak_share=0.9)),
+    "hybridep_domain_mismatch": (
+        dict(args=["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"],
+             env={"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8"}, gpu="NVIDIA GB200"),
+        dict(args=["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"],
+             env={"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "72"}, gpu="NVIDIA GB200")),
+    "cp_far_from_seq_len": (
+        dict(args=["--seq-length", "131072", "--context-parallel-size", "2"]),
+        dict(args=["--seq-length", "131072", "--context-parallel-size", "32"])),
+    "full_recompute_with_headroom": (
+        dict(args=["--recompute-granularity", "full"], recompute=True, peak_share=0.3),
+        dict(args=["--recompute-granularity", "full"], recompute=True, peak_share=0.95)),
+}
+
+
+def test_every_run_rule_has_a_case():
+    assert sorted(CASES) == sorted(RUN_RULES)
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_triggers_and_does_not(rule, tmp_path):
+    bad, good = CASES[rule]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "good").mkdir()
+    d_bad = profclass.diagnose(str(_built(tmp_path / "bad", **bad)))
+    d_good = profclass.diagnose(str(_built(tmp_path / "good", **good)))
+    assert rule in [p["rule"] for p in d_bad.pitfalls]
+    assert rule not in [p["rule"] for p in d_good.pitfalls]
+
+
+def test_fix_already_on_is_not_recommended(tmp_path):
+    d = profclass.diagnose(str(_built(tmp_path, args=[])))
+    assert any("FP8" in f["title"] for f in d.fixes)
+    (tmp_path / "fp8").mkdir()
+    d = profclass.diagnose(str(_built(tmp_path / "fp8", args=["--fp8-format", "hybrid"])))
+    assert not any("FP8" in f["title"] for f in d.fixes)
+
+
+def test_explain_prints_the_reference():
+    out = subprocess.run([sys.executable, "-m", "profclass", "explain", "--format", "json"],
+                         capture_output=True, text=True, check=True).stdout
+    ref = json.loads(out)
+    assert [w["wall"] for w in ref["walls"]] == ["compute", "communication", "host", "memory"]
+    assert len(ref["fixes"]) >= 20 and len(ref["rules"]) == len(load_rules())
+    text = subprocess.run([sys.executable, "-m", "profclass", "explain"], capture_output=True,
+                          text=True, check=True).stdout
+    assert "selective" in text and "full_recompute_with_headroom" in text
