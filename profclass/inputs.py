@@ -101,10 +101,6 @@ def export_nsys_rep(path: str, progress=None, scratch: str | None = None) -> str
     to ``scratch`` (a temporary dir the caller removes). ``progress(message, fraction)``
     follows nsys's own percentage.
     """
-    nsys = nsys_binary()
-    if nsys is None:
-        where = f"$NSYS ({os.environ['NSYS']}) is not an executable" if os.environ.get("NSYS") else "nsys was not found"
-        raise ProfileError(path, f"is an .nsys-rep report and {where}: " + NSYS_HELP)
     try:
         key = _hash(path)
     except OSError as exc:
@@ -113,8 +109,12 @@ def export_nsys_rep(path: str, progress=None, scratch: str | None = None) -> str
     if base is None:
         raise ProfileError(path, "no writable cache for the nsys export: set $PROFCLASS_CACHE to a writable directory")
     out = os.path.join(base, f"{key}.sqlite")
-    if os.path.exists(out):
+    if os.path.exists(out):  # exported before: nsys is not needed again
         return out
+    nsys = nsys_binary()
+    if nsys is None:
+        where = f"$NSYS ({os.environ['NSYS']}) is not an executable" if os.environ.get("NSYS") else "nsys was not found"
+        raise ProfileError(path, f"is an .nsys-rep report and {where}: " + NSYS_HELP)
     tmp = out + f".part{os.getpid()}"
     message = f"exporting {os.path.basename(path)} with nsys"
     if progress:
