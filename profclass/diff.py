@@ -340,6 +340,9 @@ def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, comp
                 if abs(moves[largest]) >= 0.05 else "")
         return dict(kind="no significant change", wall=None,
                     summary=f"No significant change: {head}{tail}.")
+    word = "Regression" if change == "regression" else "Improvement"
+    if wall is None:  # every wall moved against the step (cannot happen with consistent walls)
+        return dict(kind=change, wall=None, summary=f"{word}: {head}; no wall moved in its direction.")
     chief = [c for c in components if c["wall"] == wall and c["unit"] == "ms/step" and c["delta"] * sign > 0]
     chief_txt = ""
     if chief:
@@ -353,7 +356,6 @@ def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, comp
             k = mine[0]  # kernels are sorted by |delta|
             name = k["name"] if len(k["name"]) <= 60 else k["name"][:57] + "..."
             kern_txt = f"; top kernel {name} {_fmt_ms(k['delta_ms_per_step'])} ms/step"
-    word = "Regression" if change == "regression" else "Improvement"
     summary = (f"{word}: {head}; the {wall} wall explains most of it "
                f"({_fmt_ms(walls_delta[wall])} of {_fmt_ms(delta)} ms/step){chief_txt}{kern_txt}.")
     return dict(kind=change, wall=wall, summary=summary)
