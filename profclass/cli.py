@@ -154,7 +154,8 @@ def timeline(profiles, output, iteration_regex, quiet):
         except OSError as exc:
             progress.__exit__()
             _fail(ProfileError(output, f"cannot write output ({exc.strerror})"))
-    click.echo(f"{output}: {d.verdict['wall']} wall; one steady iteration of {len(d.devices)} GPU(s)", err=True)
+    if not quiet:
+        click.echo(f"{output}: {d.verdict['wall']} wall; one steady iteration of {len(d.devices)} GPU(s)", err=True)
 
 
 EXIT_FAIL_ABOVE = 4

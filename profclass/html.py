@@ -121,7 +121,7 @@ def render_html(d, progress=None) -> str:
 
     top = tv.top_kernels(d, TOP_KERNELS)
     rows = [[f"<span title=\"{_e(r.kernel)}\">{_e(_short(r.kernel))}</span>", _e(r.kind), f"{r.ms_per_step:.2f}",
-             _pct(r.share), f"{r.calls_per_step:.1f}", f"{r.mean_us:.1f}"] for r in top.itertuples()]
+             f"{100 * r.share:.1f}%", f"{r.calls_per_step:.1f}", f"{r.mean_us:.1f}"] for r in top.itertuples()]
     out += [f"<h2>Top kernels</h2><p class=\"muted\">GPU time per steady step, mean over "
             f"{len(d.devices)} GPU(s); kernels may overlap, so the shares need not add up.</p>",
             _table(["kernel", "kind", "ms/step", "of step", "calls/step", "mean µs"], rows, {2, 3, 4, 5},

@@ -116,7 +116,7 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
         from .timeline_view import top_kernels as top
         t = top(d, top_kernels)
         lines += ["", "| kernel | kind | ms/step | of step | calls/step |", "|---|---|---:|---:|---:|"]
-        lines += [f"| {_cell(_code(r.kernel[:80]))} | {_cell(r.kind)} | {r.ms_per_step:.2f} | {_pct(r.share)} | "
+        lines += [f"| {_cell(_code(r.kernel[:80]))} | {_cell(r.kind)} | {r.ms_per_step:.2f} | {100 * r.share:.1f}% | "
                   f"{r.calls_per_step:.1f} |" for r in t.itertuples()]
         lines += ["", f"Top {len(t)} kernels by GPU time per steady step, mean over {len(d.devices)} GPU(s)."]
     if d.fixes:

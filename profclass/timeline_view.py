@@ -25,7 +25,7 @@ LANE_COLOURS = {
     "reduce_scatter": "#937860", "broadcast": "#DA8BC3", "reduce": "#8C613C", "other": "#8C8C8C",
     "memcpy": "#55A868", "idle": "#D9D9D9", "NVTX": "#CCB974",
 }
-WALL_COLOURS = {"compute": "#4C72B0", "communication": "#DD8452", "host": "#9A9A9A", "memory": "#55A868"}
+WALL_COLOURS = {"compute": "#4C72B0", "communication": "#DD8452", "host": "#B07AA1", "memory": "#55A868"}
 
 
 @dataclass
@@ -174,6 +174,7 @@ def _timelines(d) -> list[GpuTimeline]:
 def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "profclass"  # stable SVG ids: same profile, same bytes
     import matplotlib.pyplot as plt
     return plt
 
