@@ -44,7 +44,8 @@ class IterationView:
 def representative_iterations(gpus: list[GpuTimeline]) -> list[tuple[int, int, str]]:
     """(start, end, label) of one steady step per GPU: the step whose length is closest to the
     steady median. When every GPU has the same iterations the same one is taken on all of
-    them (judged on the mean over GPUs), so collectives line up across the picture."""
+    them (judged on the mean over GPUs), so collectives line up across the picture; else the
+    one nearest in time to the first GPU's pick."""
     steadies = [g.steady for g in gpus]
     dur = [(s["step_end"] - s["start"]).to_numpy(float) for s in steadies]
     first = steadies[0]["index"].to_numpy()
@@ -54,7 +55,11 @@ def representative_iterations(gpus: list[GpuTimeline]) -> list[tuple[int, int, s
         k = int(np.argmin(np.abs(mean - np.median(mean))))
         picks = [k] * len(gpus)
     else:
-        picks = [int(np.argmin(np.abs(d - np.median(d)))) for d in dur]
+        # iterations differ across GPUs (warm-up dropped unevenly, periodicity): take the
+        # median step of the first GPU and, on the others, the steady step starting nearest it
+        k0 = int(np.argmin(np.abs(dur[0] - np.median(dur[0]))))
+        t = int(steadies[0]["start"].iloc[k0])
+        picks = [k0] + [int(np.argmin(np.abs(s["start"].to_numpy() - t))) for s in steadies[1:]]
     out = []
     for s, k in zip(steadies, picks):
         row = s.iloc[k]
@@ -189,11 +194,13 @@ def timeline_figure(d, width_in: float = 13.0):
     order = ["compute"] + [c for c in COLLECTIVE_TYPES if c in present] + ["memcpy", "idle"]
     order = [lane for lane in order if lane in present or lane in ("compute", "idle")]
     has_nvtx = "NVTX" in present
-    # one shared time origin when the same iteration is shown on every GPU (clocks are aligned)
-    same_iteration = len({v.iteration for v in views}) == 1
-    t0 = min(v.lo for v in views) if same_iteration else None
+    nvtx_rows = 1 + max((int(v.lanes.loc[v.lanes["lane"] == "NVTX", "level"].max()) for v in views
+                         if (v.lanes["lane"] == "NVTX").any()), default=0)
+    # one shared time origin when the steps shown overlap in time (clocks are aligned)
+    overlapping = max(v.lo for v in views) < min(v.hi for v in views)
+    t0 = min(v.lo for v in views) if overlapping else None
     lane_h, gap = 0.8, 0.9
-    rows_per_gpu = len(order) + (NVTX_LEVELS if has_nvtx else 0)
+    rows_per_gpu = len(order) + (nvtx_rows if has_nvtx else 0)
     height = 1.2 + 0.22 * rows_per_gpu * len(views) + 0.25 * len(views)
     fig, ax = plt.subplots(figsize=(width_in, max(2.6, height)), dpi=100)
     yticks, ylabels, y = [], [], 0.0
@@ -205,7 +212,7 @@ def timeline_figure(d, width_in: float = 13.0):
         group_top = y
         for lane in order + (["NVTX"] if has_nvtx else []):
             rows = lanes[lanes["lane"] == lane]
-            levels = NVTX_LEVELS if lane == "NVTX" else 1
+            levels = nvtx_rows if lane == "NVTX" else 1
             for level in range(levels):
                 r = rows[rows["level"] == level] if lane == "NVTX" else rows
                 xs = ((r["start"] - origin) / 1e6).to_numpy()
@@ -235,8 +242,9 @@ def timeline_figure(d, width_in: float = 13.0):
     ax.tick_params(axis="y", length=0, pad=2)
     ax.set_ylim(y - 0.6 + 0.1, -0.3)
     ax.set_xlim(0, span_ms * 1.002 if span_ms else 1)
-    ax.set_xlabel("ms from the start of the step" + (" (one clock for all GPUs)" if t0 is not None and len(views) > 1
-                                                      else ""))
+    ax.set_xlabel("ms from the start of the step" if len(views) == 1 else
+                  "ms from the earliest start of the steps shown (one clock for all GPUs)" if t0 is not None else
+                  "ms from the start of each GPU's step")
     ax.grid(axis="x", color="#eeeeee", linewidth=0.6)
     ax.set_axisbelow(True)
     for side in ("top", "right", "left"):

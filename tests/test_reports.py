@@ -225,3 +225,13 @@ def test_progress_shows_on_a_terminal_and_not_with_quiet(tmp_path):
     assert b"loading" in err and b"drawing the timeline" in err
     rc, err = _cli_on_a_tty(args + ["--quiet"])
     assert rc == 0 and err == b""
+
+
+def test_uneven_iterations_still_show_one_moment_of_the_job(kept):
+    # periodicity gives each GPU its own step boundaries: the picks must still overlap in time
+    d = kept("mcore_alltoall_4gpu")
+    picks = tv.representative_iterations(d.timelines)
+    assert len({label for _, _, label in picks}) > 1  # the case this test is about
+    assert max(lo for lo, _, _ in picks) < min(hi for _, hi, _ in picks)
+    for g, (lo, hi, _) in zip(d.timelines, picks):
+        assert ((g.steady["start"] == lo) & (g.steady["step_end"] == hi)).sum() == 1
