@@ -157,9 +157,16 @@ def _decompress(path: str, tmpdir: str) -> str:
     out = os.path.join(tmpdir, f"{len(os.listdir(tmpdir))}-{os.path.basename(path)[:-4]}")
     try:
         with open(path, "rb") as fin, open(out, "wb") as fout:
-            zstandard.ZstdDecompressor().copy_stream(fin, fout)
+            dobj = zstandard.ZstdDecompressor().decompressobj()
+            for chunk in iter(lambda: fin.read(1 << 20), b""):
+                fout.write(dobj.decompress(chunk))
+                if dobj.eof:
+                    break
+            complete = dobj.eof  # a cut frame decompresses silently into a partial file
     except zstandard.ZstdError as exc:
         raise ProfileError(path, f"corrupt zstd file ({exc})") from None
+    if not complete:
+        raise ProfileError(path, "corrupt zstd file (truncated: the compressed frame ends early)")
     return out
 
 

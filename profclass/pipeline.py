@@ -101,7 +101,10 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
         for src, f in enumerate(files):
             if progress:
                 progress(f"loading {f.given}", src / len(files))
-            prof = load(f.sqlite)
+            try:
+                prof = load(f.sqlite)
+            except ProfileError as exc:  # name what the user gave, not a decompressed temp copy
+                raise ProfileError(f.given, exc.problem) from None
             prof.path = f.given
             ops = build_ops(prof)
             mine = split_gpus(prof, src, ops)
