@@ -104,7 +104,7 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet):
                     "text": lambda: report.render_text(d)}[fmt]()
     if output:
         try:
-            with open(output, "w") as fh:
+            with open(output, "w", encoding="utf-8") as fh:  # the reports hold µ, … and box drawing
                 fh.write(text)
         except OSError as exc:
             _fail(ProfileError(output, f"cannot write output ({exc.strerror})"))
