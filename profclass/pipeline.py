@@ -6,6 +6,7 @@ directory of them (``.sqlite``, ``.sqlite.zst``, ``.nsys-rep``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -96,6 +97,11 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
     if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
         paths = [paths]
     paths = [str(p) for p in paths]
+    if iteration_regex is not None:
+        try:
+            re.compile(iteration_regex)
+        except re.error as exc:  # the user's regex, not the profile: say so before any work
+            raise ProfileError("--iteration-range", f"not a valid regular expression ({exc})") from None
     with resolve(paths, progress=progress) as files:
         profiles, gpus, all_ops = [], [], []
         for src, f in enumerate(files):

@@ -364,3 +364,9 @@ def test_inputs_unchanged_and_no_temp_files(tmp_path):
         assert rc == 0, err
     assert {p: sha(p) for p in files} == before
     assert list(tmpdir.iterdir()) == []
+
+
+def test_bad_iteration_regex(tmp_path):
+    f = small_job(tmp_path / "job.sqlite")
+    assert_bad_input([f, "--iteration-range", "iteration ("], "--iteration-range",
+                     "not a valid regular expression (missing ), unterminated subpattern")
