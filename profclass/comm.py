@@ -19,7 +19,8 @@ from .kernels import COLLECTIVE_GROUP
 from .timeline import GpuTimeline
 
 STRAGGLER_BLAME_SHARE = 0.5  # a straggler causes at least half of all blamed delay...
-STRAGGLER_MIN_COST = 0.10  # ...costs at least this share of the step...
+# ...costs at least this share of the step (corpus: balanced runs 5-10%, stragglers >= 22%)...
+STRAGGLER_MIN_COST = 0.15
 STRAGGLER_MIN_WAIT = 0.05  # ...and the others wait at least this share of the step for it
 
 

@@ -169,6 +169,7 @@ def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis
             step_ms=round(f.window_ns / its[j] / 1e6, 3),
             comm=asdict(ca.ranks[j]) if len(gpus) > 1 else None,
             features=_round_features(f.to_dict())))
+    devices.sort(key=lambda dv: (dv["rank"] is None, dv["rank"], dv["pid"]))
     stragglers = []
     for s in ca.stragglers:
         g, f = gpus[s["gpu"]], feats[s["gpu"]]
@@ -203,7 +204,9 @@ def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis
     sources = sorted({g.window_source for g in gpus}, key=["nvtx", "periodicity", "whole"].index)
     window = dict(source=sources[0], sources={g.label: g.window_source for g in gpus},
                   iterations=int(np.median(its)),
-                  step_ms=dict(mean=round(float(job_steps.mean()), 3), median=round(float(np.median(job_steps)), 3),
+                  # mean: the step every share and ms/step refers to (mean over GPUs of their
+                  # steady windows); the spread comes from the per-iteration steps
+                  step_ms=dict(mean=round(step_ns / 1e6, 3), median=round(float(np.median(job_steps)), 3),
                                std=round(float(job_steps.std(ddof=1)) if len(job_steps) > 1 else 0.0, 3),
                                min=round(float(job_steps.min()), 3), max=round(float(job_steps.max()), 3),
                                per_iteration=[round(float(x), 3) for x in job_steps]))

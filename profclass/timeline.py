@@ -229,8 +229,13 @@ def periodic_iterations(gpu: GpuTimeline, min_bursts: int = 3) -> pd.DataFrame:
                          "label": [f"period {i}" for i in range(len(it_start))]})
 
 
-def mark_steady(its: pd.DataFrame) -> pd.DataFrame:
-    """Step spans (start of one to start of the next) and warm-up removal."""
+def mark_steady(its: pd.DataFrame, open_end: bool = False) -> pd.DataFrame:
+    """Step spans (start of one to start of the next) and warm-up removal.
+
+    ``open_end``: the last iteration's end is only where its GPU work stopped (NVTX), so its
+    span lacks the trailing idle a start-to-start span has; it is then used only when fewer
+    than two whole steps exist.
+    """
     its = its.sort_values("start").reset_index(drop=True)
     nxt = its["start"].shift(-1)
     # the span of a step runs to the start of the next one, so host gaps between steps count
@@ -238,9 +243,11 @@ def mark_steady(its: pd.DataFrame) -> pd.DataFrame:
     dur = (its["step_end"] - its["start"]).to_numpy().astype(float)
     steady = np.ones(len(its), dtype=bool)
     if len(its) >= 2:
-        med = np.median(dur)
-        # an iteration cut short by the end of the capture (cudaProfilerStop, --duration)
-        if dur[-1] < 0.5 * med:
+        whole = dur[:-1] if open_end and len(its) >= 3 else dur
+        med = np.median(whole)
+        # an iteration cut short by the end of the capture (cudaProfilerStop, --duration), or
+        # an open-ended last one when whole steps exist
+        if dur[-1] < 0.5 * med or (open_end and len(its) >= 3):
             steady[-1] = False
         kept = dur[steady]
         ref = np.median(kept[len(kept) // 2:]) if kept.size else med  # the settled second half
@@ -270,7 +277,7 @@ def detect_iterations(gpu: GpuTimeline, regex: str | None) -> None:
         lo, hi = int(gpu.ops["start"].min()), int(gpu.ops["end"].max())
         its = pd.DataFrame({"start": [lo], "end": [hi], "label": ["whole capture"]})
         source = "whole"
-    its = mark_steady(its)
+    its = mark_steady(its, open_end=(source == "nvtx"))
     gpu.iterations = its
     gpu.window_source = source
     st = its[its["steady"]]

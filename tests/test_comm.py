@@ -6,13 +6,13 @@ all-to-all from t + c_r until t + 12 ms (it finishes 2 ms after the last rank ar
 t + 10 ms), then compute [t + 12, t + 18), then 2 ms idle. The hot rank has c = 10 ms, the
 others 4 ms, so each of them waits 6 ms per step and transfers 2 ms.
 
-Hand-worked expectations (5 steps; the window runs from t0 to the end of the last step's
-GPU work, 4 * 20 + 18 = 98 ms, i.e. 19.6 ms per step):
-  hot rank:    compute 16 ms/step, exposed comm 2, idle 8 ms / 5 = 1.6
-  other ranks: compute 10 ms/step, exposed comm 8 (6 waiting + 2 transfer), idle 1.6
+Hand-worked expectations (5 NVTX iterations; the last has no next start, so the window
+holds the 4 whole start-to-start steps, 4 * 20 = 80 ms, 20 ms per step):
+  hot rank:    compute 16 ms/step, exposed comm 2, idle 2
+  other ranks: compute 10 ms/step, exposed comm 8 (6 waiting + 2 transfer), idle 2
   blame: every instance the hot rank arrives 6 ms after the median arrival -> 6 ms/step
   job walls with the waiting moved to the straggler's wall (compute): compute 16, comm 2,
-  host 1.6 ms per step on every rank.
+  host 2 ms per step on every rank.
 """
 import pytest
 
@@ -55,10 +55,10 @@ def one_report(path, computes=(10, 4, 4), extra_leading_rank=None):
 def check_imbalanced_job(d, hot_rank, exact=True):
     approx = (lambda x: x) if exact else (lambda x: pytest.approx(x, abs=0.01))
     assert d.window["source"] == "nvtx"
-    assert d.window["iterations"] == 5
+    assert d.window["iterations"] == STEPS - 1
     (row,) = d.collectives
     assert row["collective"] == "all_to_all" and row["group"] == "EP"
-    assert row["instances"] == 5
+    assert row["instances"] == STEPS - 1
     # per step, mean over the 3 ranks: transfer 2 ms each; waiting (0 + 6 + 6) / 3 = 4 ms
     assert row["transfer_ms_per_step"] == approx(2.0)
     assert row["wait_ms_per_step"] == approx(4.0)
@@ -72,18 +72,18 @@ def check_imbalanced_job(d, hot_rank, exact=True):
     assert s["blame_share"] == 1.0
     assert d.verdict["wall"] == "compute" and d.verdict["runner_up"] == "communication"
     assert d.verdict["confidence"] == 1.0
-    assert d.walls["compute"]["share"] == approx(round(16 / 19.6, 4))
-    assert d.walls["communication"]["share"] == approx(round(2 / 19.6, 4))
-    assert d.walls["host"]["share"] == approx(round(1.6 / 19.6, 4))
+    assert d.walls["compute"]["share"] == approx(round(16 / 20, 4))
+    assert d.walls["communication"]["share"] == approx(round(2 / 20, 4))
+    assert d.walls["host"]["share"] == approx(round(2 / 20, 4))
     by_rank = {dv["rank"]: dv for dv in d.devices}
     for r, dv in by_rank.items():
-        assert dv["iterations"] == 5
-        assert dv["step_ms"] == 19.6
-        waited = 0 if r == hot_rank else 6 * STEPS * MS
+        assert dv["iterations"] == STEPS - 1
+        assert dv["step_ms"] == 20.0
+        waited = 0 if r == hot_rank else 6 * (STEPS - 1) * MS
         assert dv["comm"]["wait_ns"] == waited
         assert dv["comm"]["exposed_wait_ns"] == waited
         if exact:
-            assert dv["comm"]["transfer_ns"] == 2 * STEPS * MS
+            assert dv["comm"]["transfer_ns"] == 2 * (STEPS - 1) * MS
     assert by_rank[hot_rank]["walls"]["compute"]["ms_per_step"] == 16.0
     assert all(dv["walls"]["compute"]["ms_per_step"] == 10.0 for r, dv in by_rank.items() if r != hot_rank)
 
