@@ -262,6 +262,13 @@ DAMAGE = [
     "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL",
     "DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME",
     "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET \"end\" = start - 10",
+    "UPDATE GPU_METRICS SET value = 'busy' WHERE rowid % 2 = 0",
+    "UPDATE GPU_METRICS SET timestamp = NULL WHERE rowid % 3 = 0",
+    "UPDATE GPU_METRICS SET metricId = 4242",
+    "UPDATE GPU_METRICS SET typeId = typeId + rowid",
+    "UPDATE TARGET_INFO_GPU_METRICS SET metricName = CAST(x'ff5b' AS TEXT)",
+    "UPDATE CUDA_GPU_MEMORY_USAGE_EVENTS SET memoryOperationType = 7, memKind = 99 WHERE rowid % 2 = 0",
+    "UPDATE CUDA_GPU_MEMORY_USAGE_EVENTS SET bytes = -bytes",
     "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 9223372036854775000, \"end\" = 9223372036854775807 "
     "WHERE rowid = 1",
 ]
@@ -313,6 +320,10 @@ def exports(draw):
         command=draw(st.lists(st.text(TEXT, max_size=12), max_size=4)),
         env=draw(st.dictionaries(st.sampled_from(["RANK", "WORLD_SIZE", "MASTER_PORT", "NCCL_ALGO"]),
                                  st.text(TEXT, max_size=6), max_size=3)),
+        metrics=draw(st.lists(st.tuples(times, st.integers(min_value=-5, max_value=250),
+                                        st.integers(min_value=0, max_value=2)), max_size=6)),
+        memory=draw(st.lists(st.tuples(times, st.integers(min_value=-1, max_value=1 << 40), st.booleans()),
+                             max_size=6)),
         damage=draw(st.lists(st.sampled_from(DAMAGE), max_size=4, unique=True)),
         two_files=draw(st.integers(min_value=0, max_value=5)) == 0,
     )
@@ -338,6 +349,11 @@ def _build(path: Path, spec: dict, session_start: int) -> Path:
         b.add_memcpy(s, _i64(s + dur), nbytes, kind, pinned, pid=pids[-1])
     for name, s, dur in spec["runtime"]:
         b.add_runtime(name, s, _i64(s + dur), pid=pids[0])
+    for t, value, dev in spec.get("metrics", ()):
+        b.add_gpu_metric(t, "SMs Active [Throughput %]" if dev != 2 else "Tensor Active [Throughput %]",
+                         value, device=dev % 2)
+    for t, nbytes, free in spec.get("memory", ()):
+        b.add_memory_event(t, nbytes, free=free, pid=pids[0])
     if spec["command"]:
         b.add_meta_command(spec["command"], spec["env"])
     return b.write()
