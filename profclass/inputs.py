@@ -126,16 +126,19 @@ def export_nsys_rep(path: str, progress=None, scratch: str | None = None) -> str
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     except OSError as exc:
         raise ProfileError(path, f"cannot run nsys export ({exc.strerror})") from None
-    # nsys redraws "Processing N events: [==42%   ]" with carriage returns: follow it
+    # nsys redraws "Processing N events: [==42%   ]" with carriage returns, written in
+    # pieces (a redraw can span reads): follow it on the text read so far
     timed_out = threading.Event()
     timer = threading.Timer(EXPORT_TIMEOUT_S, lambda: (timed_out.set(), proc.kill()))
     timer.start()
+    shown = 0
     try:
         while chunk := proc.stdout.read1(4096):
             tail = (tail + chunk)[-4096:]
-            pct = NSYS_PERCENT.findall(chunk)
-            if progress and pct:
-                progress(message, min(int(pct[-1]), 100) / 100)
+            pct = NSYS_PERCENT.findall(tail[-(len(chunk) + 128):])
+            if progress and pct and int(pct[-1]) > shown:
+                shown = min(int(pct[-1]), 100)
+                progress(message, shown / 100)
         rc = proc.wait()
     finally:
         timer.cancel()
@@ -149,6 +152,8 @@ def export_nsys_rep(path: str, progress=None, scratch: str | None = None) -> str
             last = f"no result after {EXPORT_TIMEOUT_S} s"
         raise ProfileError(path, f"nsys export failed: {last}")
     os.replace(tmp, out)
+    if progress and shown < 100:
+        progress(message, 1.0)
     return out
 
 
