@@ -81,7 +81,14 @@ def main():
 @click.option("-o", "--output", "--out", "output", default=None, metavar="FILE",
               help="Write the report to this file instead of stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr (it shows only on a terminal).")
-def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet):
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Read and analyse the per-rank files in N processes (with --scheduler local: N Dask "
+                   "workers). markdown/html keep the timelines and run in one process.")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Run the per-file work on a Dask distributed cluster (tcp://host:8786, or 'local'); "
+                   "only per-rank summaries come back. Needs 'pip install profclass[dask]'; the files "
+                   "must be readable at the same paths on the workers.")
+def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet, jobs, scheduler):
     """Diagnose PROFILES: one nsys export holding every rank, one export per rank, or a
     directory of them (.sqlite, .sqlite.zst, .nsys-rep)."""
     from . import report
@@ -92,7 +99,7 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet):
         try:
             # markdown and html show the top kernels and the timeline: keep the timelines
             d = run(list(profiles), iteration_regex=iteration_regex, progress=progress,
-                    keep_timelines=fmt in ("markdown", "html"))
+                    keep_timelines=fmt in ("markdown", "html"), jobs=jobs, scheduler=scheduler)
         except ProfileError as exc:
             progress.__exit__()
             _fail(exc)

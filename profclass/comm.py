@@ -75,6 +75,9 @@ def align_clocks(gpus: list[GpuTimeline], session_start: dict[int, int | None]) 
 def _shift(g: GpuTimeline, off: int) -> None:
     if off == 0:
         return
+    on_shift = getattr(g, "on_shift", None)  # a per-rank summary moves its window and sets too
+    if on_shift is not None:
+        on_shift(off)
     for df, cols in ((g.ops, ("start", "end")), (g.runtime, ("start", "end")), (g.nvtx, ("start", "end"))):
         for c in cols:
             df[c] = df[c] + off

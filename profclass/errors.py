@@ -9,3 +9,6 @@ class ProfileError(Exception):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+    def __reduce__(self):  # travels back from worker processes (--jobs, Dask) intact
+        return (type(self), (self.path, self.problem))

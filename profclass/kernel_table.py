@@ -47,6 +47,24 @@ def normalise_name(name: str) -> str:
     return _NUMBER.sub("N", n)
 
 
+def gpu_kernel_agg(ops: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame | None:
+    """One GPU's ops that start inside ``window``, by (full_name, op): count, ns and the
+    name's library/collective/flags; None when nothing starts inside."""
+    lo, hi = window
+    inside = ops[(ops["start"] >= lo) & (ops["start"] < hi)]
+    if inside.empty:
+        return None
+    dur = (inside["end"] - inside["start"]).to_numpy(dtype=np.int64)
+    agg = (pd.DataFrame({"full_name": inside["full_name"].astype(str).to_numpy(),
+                         "op": inside["op"].to_numpy(), "dur": dur})
+           .groupby(["full_name", "op"], sort=False, observed=True)
+           .agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
+    meta = inside.drop_duplicates("full_name")[["full_name", "library", "collective", "is_comm",
+                                                 "is_gemm", "is_fp8"]]
+    meta = meta.assign(full_name=meta["full_name"].astype(str))
+    return agg.merge(meta, on="full_name", how="left")
+
+
 def kernel_table(gpus, iterations: list[int]) -> pd.DataFrame:
     """Mean per GPU and per steady-state step of each normalised op name (kernels, copies, sets).
 
@@ -56,20 +74,11 @@ def kernel_table(gpus, iterations: list[int]) -> pd.DataFrame:
     n_gpus = max(len(gpus), 1)
     parts = []
     for g, its in zip(gpus, iterations):
-        lo, hi = g.window
-        ops = g.ops
-        inside = ops[(ops["start"] >= lo) & (ops["start"] < hi)]
-        if inside.empty:
+        # a per-rank summary (profclass.ranks) brings its rows aggregated by its worker
+        agg = g.kernel_agg if hasattr(g, "kernel_agg") else gpu_kernel_agg(g.ops, g.window)
+        if agg is None:
             continue
-        dur = (inside["end"] - inside["start"]).to_numpy(dtype=np.int64)
-        agg = (pd.DataFrame({"full_name": inside["full_name"].astype(str).to_numpy(),
-                             "op": inside["op"].to_numpy(), "dur": dur})
-               .groupby(["full_name", "op"], sort=False, observed=True)
-               .agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
-        meta = inside.drop_duplicates("full_name")[["full_name", "library", "collective", "is_comm",
-                                                     "is_gemm", "is_fp8"]]
-        meta = meta.assign(full_name=meta["full_name"].astype(str))
-        agg = agg.merge(meta, on="full_name", how="left")
+        agg = agg.copy()
         scale = 1.0 / (max(its, 1) * n_gpus)  # per step, then the mean over GPUs
         agg["count_per_step"] = agg["count"] * scale
         agg["ms_per_step"] = agg["ns"] * scale / 1e6

@@ -19,6 +19,7 @@ from .inputs import resolve
 from .kernel_table import kernel_table, table_records
 from .load import load
 from .onejob import check_one_job
+from .ranks import summarise_files
 from .timeline import GpuTimeline, build_ops, detect_iterations, split_gpus
 
 HOST_SYNC_IDLE_MIN = 0.03  # share of the step idle after host syncs that makes them worth fixing
@@ -87,12 +88,15 @@ def _assign_ranks(gpus: list[GpuTimeline], profiles, hints) -> None:
 
 
 def diagnose(paths, iteration_regex: str | None = None, progress=None,
-             keep_timelines: bool = False) -> Diagnosis:
+             keep_timelines: bool = False, jobs: int = 1, scheduler: str | None = None) -> Diagnosis:
     """Diagnose a job from its nsys exports. Raises ProfileError on bad input.
 
     ``progress(message, fraction=None)``, when given, is called as each stage starts
     (fraction: how far through the files, or through an nsys export, when known).
-    ``keep_timelines`` keeps the per-GPU timelines on ``Diagnosis.timelines``.
+    ``keep_timelines`` keeps the per-GPU timelines on ``Diagnosis.timelines`` (single process).
+    ``jobs``: per-file work in that many local processes; ``scheduler``: on a Dask cluster
+    (an address, or ``local``); either way only compact per-rank summaries come back
+    (``profclass.ranks``), and the result is the same as in one process.
     """
     if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
         paths = [paths]
@@ -103,20 +107,15 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
         except re.error as exc:  # the user's regex, not the profile: say so before any work
             raise ProfileError("--iteration-range", f"not a valid regular expression ({exc})") from None
     with resolve(paths, progress=progress) as files:
-        profiles, gpus, all_ops = [], [], []
-        for src, f in enumerate(files):
-            if progress:
-                progress(f"loading {f.given}", src / len(files))
-            try:
-                prof = load(f.sqlite)
-            except ProfileError as exc:  # name what the user gave, not a decompressed temp copy
-                raise ProfileError(f.given, exc.problem) from None
-            prof.path = f.given
-            ops = build_ops(prof)
-            mine = split_gpus(prof, src, ops)
-            profiles.append(prof)
-            gpus.extend(mine)
-            all_ops.append(ops)
+        # timelines (whole DataFrames) stay in the process that made them: keeping them means
+        # the per-file work runs here
+        summaries = summarise_files(files, iteration_regex,
+                                    jobs=1 if keep_timelines else jobs,
+                                    scheduler=None if keep_timelines else scheduler,
+                                    keep_timelines=keep_timelines, progress=progress)
+        profiles = [fs.meta for fs in summaries]
+        gpus = [g for fs in summaries for g in fs.gpus]
+        all_ops = [fs.config_ops for fs in summaries]
         check_one_job(profiles, paths[0] if len(paths) == 1 else ", ".join(paths))
         if not gpus:
             raise ProfileError(paths[0] if len(paths) == 1 else ", ".join(paths),
@@ -125,7 +124,10 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
         progress(f"analysing {len(gpus)} GPU(s)")
     d = analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], iteration_regex, paths)
     if keep_timelines:
-        d.timelines = gpus
+        for g in gpus:
+            if g.timeline is not None:
+                g.timeline.rank = g.rank
+        d.timelines = [g.timeline for g in gpus if g.timeline is not None] or None
     return d
 
 
@@ -133,15 +135,9 @@ def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis
     thresholds = classify.load_thresholds()
     _assign_ranks(gpus, profiles, hints)
     skew = comm.align_clocks(gpus, {i: p.session_start_ns for i, p in enumerate(profiles)})
-    feats = []
-    for g in gpus:
-        detect_iterations(g, iteration_regex)
-        feats.append(compute_features(g, profiles[g.source]))
-    comp_sets = []
-    for g in gpus:
-        lo, hi = g.window
-        k = g.ops[(g.ops["op"] == "kernel") & ~g.ops["is_comm"]]
-        comp_sets.append(iv.union(k["start"].to_numpy(), k["end"].to_numpy()))
+    # iterations and features were found per file, on its own clock (profclass.ranks)
+    feats = [g.features for g in gpus]
+    comp_sets = [g.compute for g in gpus]
     its = [max(f.iterations, 1) for f in feats]
     ca = comm.analyse(gpus, comp_sets, its)
     per_gpu_ns = [classify.gpu_walls(f) for f in feats]

@@ -1,0 +1,131 @@
+"""Measure candidate SQLite -> DataFrame transports on one export (rows/s, peak RSS).
+
+    python bench/loaders.py bench/out/dpoverlap_4gpu_1G.sqlite [--candidates a,b]
+
+Each candidate runs in its own process (so peak RSS is its own) and reads the same two
+queries the loader issues for its biggest tables: kernels (numeric columns + name ids) and
+CUDA API calls (numeric columns + name id). Candidates:
+
+- sqlite3_records: Python's sqlite3, fetchall -> DataFrame.from_records (the old loader)
+- pandas_read_sql: pandas.read_sql_query on a sqlite3 connection
+- adbc: the ADBC SQLite driver (C, Arrow record batches) -> pyarrow -> numpy
+- connectorx: connectorx.read_sql (Rust, Arrow) -> pyarrow
+
+A candidate that cannot open the file read-only is reported as such and not used.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+QUERIES = {
+    "kernels": ("SELECT start, end, deviceId, (globalPid >> 24) & 16777215 AS pid, streamId, "
+                "correlationId, shortName, demangledName, gridX*gridY*gridZ AS grid, "
+                "blockX*blockY*blockZ AS block, coalesce(graphNodeId, 0) AS graph_node "
+                "FROM CUPTI_ACTIVITY_KIND_KERNEL"),
+    "runtime": ("SELECT start, end, (globalTid >> 24) & 16777215 AS pid, globalTid & 16777215 AS tid, "
+                "correlationId, nameId FROM CUPTI_ACTIVITY_KIND_RUNTIME"),
+}
+CANDIDATES = ("sqlite3_records", "pandas_read_sql", "adbc", "connectorx")
+
+
+def uri(path: str) -> str:
+    from urllib.parse import quote
+    return "file:" + quote(os.path.abspath(path)) + "?mode=ro"
+
+
+def run_one(name: str, path: str) -> dict:
+    t0 = time.perf_counter()
+    rows = 0
+    if name == "sqlite3_records":
+        import sqlite3
+        import pandas as pd
+        con = sqlite3.connect(uri(path), uri=True)
+        for q in QUERIES.values():
+            cur = con.execute(q)
+            df = pd.DataFrame.from_records(cur.fetchall(), columns=[d[0] for d in cur.description])
+            rows += len(df)
+            del df
+    elif name == "pandas_read_sql":
+        import sqlite3
+        import pandas as pd
+        con = sqlite3.connect(uri(path), uri=True)
+        for q in QUERIES.values():
+            df = pd.read_sql_query(q, con)
+            rows += len(df)
+            del df
+    elif name == "adbc":
+        import adbc_driver_sqlite.dbapi as adbc
+        con = adbc.connect(uri(path))
+        for q in QUERIES.values():
+            cur = con.cursor()
+            cur.execute(q)
+            df = cur.fetch_arrow_table().to_pandas()
+            rows += len(df)
+            cur.close()
+            del df
+        con.close()
+    elif name == "connectorx":
+        import connectorx as cx
+        for q in QUERIES.values():
+            # connectorx takes a sqlite:// URL; it has no read-only flag of its own
+            df = cx.read_sql("sqlite://" + os.path.abspath(path), q, return_type="arrow").to_pandas()
+            rows += len(df)
+            del df
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return dict(candidate=name, rows=rows, wall_s=round(wall, 3), rows_per_s=int(rows / wall),
+                peak_rss_mib=round(peak / 2**20, 1))
+
+
+def readonly_ok(name: str, path: str) -> str:
+    """Whether the candidate opened the file without write access (it must fail to write)."""
+    if name == "adbc":
+        import adbc_driver_sqlite.dbapi as adbc
+        con = adbc.connect(uri(path))
+        cur = con.cursor()
+        try:
+            cur.execute("CREATE TABLE profclass_probe (x)")
+            return "NO: wrote to the file"
+        except Exception as exc:  # noqa: BLE001 - any refusal is the answer we want
+            return f"yes ({type(exc).__name__}: {str(exc).splitlines()[0][:60]})"
+        finally:
+            cur.close()
+            con.close()
+    if name == "connectorx":
+        return "no read-only open mode (read_sql takes a sqlite:// path; the URI ?mode=ro form is not accepted)"
+    return "yes (sqlite3 URI mode=ro)"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("path")
+    ap.add_argument("--candidates", default=",".join(CANDIDATES))
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_one(args.one, args.path)))
+        return 0
+    results = []
+    for name in args.candidates.split(","):
+        p = subprocess.run([sys.executable, __file__, args.path, "--one", name], capture_output=True, text=True)
+        if p.returncode != 0:
+            res = dict(candidate=name, error=(p.stderr.strip().splitlines() or ["failed"])[-1][:200])
+        else:
+            res = json.loads(p.stdout.strip().splitlines()[-1])
+        try:
+            res["read_only"] = readonly_ok(name, args.path)
+        except Exception as exc:  # noqa: BLE001
+            res["read_only"] = f"could not check ({exc})"
+        results.append(res)
+        print(json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
