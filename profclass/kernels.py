@@ -37,6 +37,7 @@ COLLECTIVE_GROUP = {"all_to_all": "EP", "all_reduce": "DP", "reduce_scatter": "D
                     "all_gather": "DP", "broadcast": "other", "reduce": "other", "other": "other"}
 
 GEMM = re.compile(r"gemm|nvjet|cutlass|xmma|wgmma|_h?mma_|sm\d\d_.*tilesize|Kernel2$", re.I)
+ATTENTION = re.compile(r"flash|fmha|sdpa|attn|attention", re.I)
 FP8 = re.compile(r"fp8|e4m3|e5m2|f8f6f4|qmma|mxf8|nvfp4", re.I)
 # Forward/backward kernel pairs: with activation recompute the forward member runs more often
 # than the backward one (twice per layer under full recompute).
@@ -78,7 +79,8 @@ def describe_name(full_name: str) -> dict:
         "is_comm": bool(library),
         "library": library,
         "collective": _first(COLLECTIVES, full_name, "other") if library else "",
-        "is_gemm": bool(GEMM.search(full_name)) and not library,
+        # attention kernels use the same tensor-core instructions (wgmma) but are not GEMMs
+        "is_gemm": bool(GEMM.search(full_name)) and not library and not ATTENTION.search(full_name),
         "is_fp8": bool(FP8.search(full_name)),
         "pair": pair,
         "side": side,

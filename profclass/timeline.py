@@ -60,6 +60,7 @@ class GpuTimeline:
     nvtx: pd.DataFrame
     iterations: pd.DataFrame = field(default_factory=pd.DataFrame)
     window_source: str = "whole"
+    marker: str | None = None  # the kernel name that marks the step (periodicity only)
     window: tuple[int, int] = (0, 0)
 
     @property
@@ -176,10 +177,16 @@ def nvtx_iterations(gpu: GpuTimeline, regex: str) -> pd.DataFrame:
 
 
 def periodic_iterations(gpu: GpuTimeline, min_bursts: int = 3) -> pd.DataFrame:
-    """Iterations from the periodicity of the kernel sequence (no NVTX needed)."""
+    """Iterations from the periodicity of the kernel sequence (no NVTX needed).
+
+    Among the names that mark the step, the first in name order is the marker: every rank
+    runs the same program, so every rank picks the same kernel and its iterations start at
+    the same point of the step, without the ranks having to talk (they may be analysed on
+    different workers). The chosen name is kept in ``gpu.marker``."""
     k = gpu.ops[gpu.ops["op"] == "kernel"]
     if len(k) < 20:
         return pd.DataFrame()
+    names = k["full_name"].cat.categories
     codes = k["full_name"].cat.codes.to_numpy()
     starts = k["start"].to_numpy()
     order = np.argsort(codes, kind="stable")
@@ -203,15 +210,16 @@ def periodic_iterations(gpu: GpuTimeline, min_bursts: int = 3) -> pd.DataFrame:
         periods = np.diff(bursts)
         if periods.mean() <= 0 or periods.std() / periods.mean() > 0.15:
             continue
-        cands.append((float(periods.mean()), bursts))
+        cands.append((float(periods.mean()), bursts, str(names[sc[a]])))
     if not cands:
         return pd.DataFrame()
     periods = np.array([c[0] for c in cands])
     # support: how many kernel names agree on (within 5% of) each period
     support = (np.abs(periods[:, None] - periods[None, :]) <= 0.05 * periods[:, None]).sum(1)
     strong = support >= min(3, support.max())
-    best = int(np.flatnonzero(strong)[np.argmax(periods[strong])])
-    period, bursts = cands[best]
+    top = periods[strong].max()
+    group = [i for i in range(len(cands)) if abs(periods[i] - top) <= 0.05 * top]
+    period, bursts, gpu.marker = cands[min(group, key=lambda i: cands[i][2])]
     it_start = bursts
     it_end = np.r_[bursts[1:], bursts[-1] + period]
     last_end = k["end"].max()
