@@ -245,12 +245,12 @@ def test_nsys_rep_not_found_anywhere(monkeypatch, tmp_path):
         inputs.export_nsys_rep(str(PROFILES / "tiny_host_1gpu.nsys-rep"))
 
 
-def test_damaged_nsys_rep(tmp_path):
-    if not os.path.exists("/opt/nsys/usr/lib/nsight-systems/bin/nsys") and not shutil.which("nsys"):
-        pytest.skip("nsys not installed (shared/nsys/get-nsys.sh)")
+def test_damaged_nsys_rep(tmp_path, nsys):
     f = tmp_path / "cut.nsys-rep"
     f.write_bytes((PROFILES / "tiny_host_1gpu.nsys-rep").read_bytes()[:300_000])
-    assert_bad_input([f], f, "nsys export failed", env={"PROFCLASS_CACHE": str(tmp_path / "cache")})
+    assert_bad_input([f], f, "nsys export failed: Exportation error: Section Table Reference magic number mismatch",
+                     env={"PROFCLASS_CACHE": str(tmp_path / "cache"), "NSYS": nsys})
+    assert not list((tmp_path / "cache").glob("*"))  # no partial export left in the cache
 
 
 # -- several files ---------------------------------------------------------------------------

@@ -192,7 +192,8 @@ def _pool_map(paths: list[str]) -> list[dict]:
         return [job.get(timeout=10 * HANG_S) for job in pending]
 
 
-def test_corrupted_fixtures(tmp_path, fixture_hashes, private_tmp):
+def test_corrupted_fixtures(tmp_path, fixture_hashes, private_tmp, nsys, monkeypatch):
+    monkeypatch.setenv("NSYS", nsys)  # damaged .nsys-rep reports go through a real nsys export
     fixtures = committed_fixtures()
     if not FULL:  # CI budget: the smallest SQLite fixture and the .nsys-rep
         fixtures = [min((f for f in fixtures if f.name.endswith(".zst")), key=lambda f: f.stat().st_size)]
