@@ -41,3 +41,10 @@ fuzz: install
 	s2=$$?; wait $$p; s1=$$?; test $$s1 -eq 0 -a $$s2 -eq 0
 	FUZZ_FULL=1 FUZZ_REPORT=build/fuzz-corrupt.json $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k corrupted
 	$(BIN)/python -c "import json,glob,collections; c=collections.Counter(); [c.update(json.load(open(f))) for f in sorted(glob.glob('build/fuzz-*.json'))]; print(json.dumps(dict(sorted(c.items())), indent=1))"
+
+# Side-by-side benchmark (bench/bench.py): profclass diagnose vs nsys stats vs nsys-ai on
+# exports grown to 100 MB / 1 GB / 4 GB from a real fixture (built into bench/out/ when missing)
+BENCH_ARGS ?=
+bench: install nsys
+	$(BIN)/pip install -q -e '.[test,dask,bench]'
+	$(BIN)/python bench/bench.py --out bench/out/results.md $(BENCH_ARGS)

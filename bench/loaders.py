@@ -98,7 +98,8 @@ def readonly_ok(name: str, path: str) -> str:
             cur.close()
             con.close()
     if name == "connectorx":
-        return "no read-only open mode (read_sql takes a sqlite:// path; the URI ?mode=ro form is not accepted)"
+        return ("NO: no read-only mode; given sqlite://PATH?mode=ro it creates a new empty database "
+                "named PATH?mode=ro (tried), so not usable")
     return "yes (sqlite3 URI mode=ro)"
 
 

@@ -33,6 +33,7 @@ ALLOC_CALLS = re.compile(r"^(cudaMalloc(?!Async)|cudaFree(?!Async)|cudaMallocHos
 SYNC_CALLS = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|"
                         r"cudaThreadSynchronize|cuCtxSynchronize|cuStreamSynchronize|"
                         r"cuEventSynchronize|cudaMemcpy$|cudaMemcpy2D$|cuMemcpyDtoH|cuMemcpyHtoD$)")
+GRAPH_LAUNCH = re.compile(r"cudaGraphLaunch|cuGraphLaunch")  # str.startswith, as a match
 GC_RANGES = re.compile(r"(?:^|\W)(?:gc|garbage|collect)(?:\W|$)", re.I)
 SYNC_SLACK_NS = 50_000  # a sync that returned at most this long before the gap began caused it
 OFFLOAD_MIN_BYTES = 256 * 1024  # smaller host<->device copies are control traffic, not offload
@@ -167,12 +168,20 @@ def compute_features(gpu: GpuTimeline, prof: RawProfile) -> GpuFeatures:
     f.graph_kernels = int((kern["graph_node"] != 0).sum())
     rt = gpu.runtime
     in_w = rt[(rt["start"] < hi) & (rt["end"] > lo)]
-    f.graph_launches = int(in_w["name"].astype(str).str.startswith(("cudaGraphLaunch", "cuGraphLaunch")).sum())
+    f.graph_launches = int(_name_matches(in_w["name"], GRAPH_LAUNCH).sum())
     gcr = gpu.nvtx[gpu.nvtx["text"].astype(str).str.contains(GC_RANGES)]
     f.gc_ns = iv.total(_ivset(gcr, lo, hi)) if not gcr.empty else 0
     _utilisation(f, gpu, prof, comp, C, lo, hi)
     _memory(f, gpu, prof)
     return f
+
+
+def _name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """``names.str.match(pattern)`` as a bool array; for a categorical, once per category."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        hit = np.array([bool(pattern.match(str(c))) for c in names.cat.categories] + [False], bool)
+        return hit[names.cat.codes.to_numpy()]  # code -1 (missing) takes the trailing False
+    return np.asarray(names.astype(str).str.match(pattern), bool)
 
 
 def _split_idle(f: GpuFeatures, gpu: GpuTimeline, gaps: iv.IntervalSet) -> None:
@@ -182,9 +191,8 @@ def _split_idle(f: GpuFeatures, gpu: GpuTimeline, gaps: iv.IntervalSet) -> None:
     lo, hi = gpu.window
     rt = gpu.runtime
     rt = rt[(rt["end"] > lo - 10_000_000) & (rt["start"] < hi)]
-    names = rt["name"].astype(str)
-    alloc = rt[names.str.match(ALLOC_CALLS).to_numpy()]
-    sync = rt[names.str.match(SYNC_CALLS).to_numpy()]
+    alloc = rt[_name_matches(rt["name"], ALLOC_CALLS)]
+    sync = rt[_name_matches(rt["name"], SYNC_CALLS)]
     in_w = (alloc["start"] < hi) & (alloc["end"] > lo)
     f.alloc_calls = int(in_w.sum())
     f.alloc_call_ns = int((alloc["end"] - alloc["start"])[in_w].sum())

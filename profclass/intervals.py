@@ -21,8 +21,9 @@ def union(starts, ends) -> IntervalSet:
     s, e = s[keep], e[keep]
     if s.size == 0:
         return EMPTY
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
+    if s.size > 1 and not (s[1:] >= s[:-1]).all():  # most callers pass sorted starts already
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
     run_end = np.maximum.accumulate(e)
     # a new merged interval starts where the start exceeds every earlier end
     new = np.empty(s.size, dtype=bool)
@@ -62,25 +63,44 @@ def measure_within(iv: IntervalSet, starts, ends) -> np.ndarray:
     return covered_before(iv, np.asarray(ends)) - covered_before(iv, np.asarray(starts))
 
 
+def _segments(a: IntervalSet, b: IntervalSet):
+    """The elementary segments [lo, hi) between consecutive boundaries of two sets, and
+    whether each lies in ``a`` and in ``b``.
+
+    One merge of the four sorted boundary arrays (a stable sort of sorted runs is linear)
+    and a running count of +1 at starts, -1 at ends per set; the count after the last event
+    at a time holds until the next boundary (half-open intervals).
+    """
+    na, nb = a[0].size, b[0].size
+    t = np.concatenate([a[0], a[1], b[0], b[1]])
+    step_a = np.zeros(t.size, np.int32)
+    step_a[:na], step_a[na:2 * na] = 1, -1
+    step_b = np.zeros(t.size, np.int32)
+    step_b[2 * na:2 * na + nb], step_b[2 * na + nb:] = 1, -1
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    in_a = np.cumsum(step_a[order]) > 0
+    in_b = np.cumsum(step_b[order]) > 0
+    last = np.empty(t.size, bool)  # the last event at each distinct time
+    last[:-1] = t[1:] != t[:-1]
+    last[-1] = True
+    pts, in_a, in_b = t[last], in_a[last], in_b[last]
+    return pts[:-1], pts[1:], in_a[:-1], in_b[:-1]
+
+
 def intersect(a: IntervalSet, b: IntervalSet) -> IntervalSet:
     if a[0].size == 0 or b[0].size == 0:
         return EMPTY
-    # boundaries of both sets; a point is in the intersection when inside both
-    pts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
-    lo, hi = pts[:-1], pts[1:]
-    mid = lo  # half-open intervals: test the left edge of each elementary segment
-    ina = _contains(a, mid)
-    inb = _contains(b, mid)
-    keep = ina & inb
+    lo, hi, in_a, in_b = _segments(a, b)
+    keep = in_a & in_b
     return union(lo[keep], hi[keep])
 
 
 def subtract(a: IntervalSet, b: IntervalSet) -> IntervalSet:
     if a[0].size == 0 or b[0].size == 0:
         return a
-    pts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
-    lo, hi = pts[:-1], pts[1:]
-    keep = _contains(a, lo) & ~_contains(b, lo)
+    lo, hi, in_a, in_b = _segments(a, b)
+    keep = in_a & ~in_b
     return union(lo[keep], hi[keep])
 
 

@@ -55,10 +55,17 @@ def gpu_kernel_agg(ops: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame |
     if inside.empty:
         return None
     dur = (inside["end"] - inside["start"]).to_numpy(dtype=np.int64)
-    agg = (pd.DataFrame({"full_name": inside["full_name"].astype(str).to_numpy(),
-                         "op": inside["op"].to_numpy(), "dur": dur})
-           .groupby(["full_name", "op"], sort=False, observed=True)
-           .agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
+    fn = inside["full_name"]
+    if isinstance(fn.dtype, pd.CategoricalDtype):
+        # group on the name codes (same groups, same first-seen order), decode once per group
+        agg = (pd.DataFrame({"code": fn.cat.codes.to_numpy(), "op": inside["op"].to_numpy(), "dur": dur})
+               .groupby(["code", "op"], sort=False).agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
+        labels = np.asarray(fn.cat.categories.astype(str), dtype=object)
+        agg.insert(0, "full_name", pd.array(labels[agg.pop("code").to_numpy()], dtype="str"))
+    else:
+        agg = (pd.DataFrame({"full_name": fn.astype(str).to_numpy(), "op": inside["op"].to_numpy(), "dur": dur})
+               .groupby(["full_name", "op"], sort=False, observed=True)
+               .agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
     meta = inside.drop_duplicates("full_name")[["full_name", "library", "collective", "is_comm",
                                                  "is_gemm", "is_fp8"]]
     meta = meta.assign(full_name=meta["full_name"].astype(str))

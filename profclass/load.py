@@ -246,6 +246,8 @@ def _query_arrow(con: "_ExportConnection", sql: str, cols: dict[str, str]) -> pd
                 arr = pc.fill_null(col, 0).to_numpy().astype(np.int64, copy=False)
             else:
                 return None
+            if not arr.flags.writeable:  # a zero-copy view of an Arrow buffer
+                arr = arr.copy()
             out[c] = arr.astype(bool) if t == "bool" else arr
         elif t == "float64":
             if pa.types.is_null(typ):
@@ -265,8 +267,12 @@ def _query_arrow(con: "_ExportConnection", sql: str, cols: dict[str, str]) -> pd
             except pa.ArrowInvalid:
                 return None
             out[c] = pd.Series(col.to_pylist(), dtype=object) if col.null_count else col.to_pandas()
-    df = pd.DataFrame(out)
-    return df
+    del table
+    for c, v in out.items():
+        if isinstance(v, np.ndarray) and not v.flags.writeable:
+            out[c] = v.copy()
+    # copy=False: one block per column, no consolidation copy of the whole table
+    return pd.DataFrame(out, copy=False)
 
 
 def _strings(con, schema: Schema) -> str | None:
@@ -302,13 +308,26 @@ def read_kernels(con, s: Schema, strings: str | None, missing: list) -> pd.DataF
     df = _query(con, sql, dict(KERNEL_COLS, name="int64", full_name="int64"))
     # names travel as string ids and are mapped once per distinct id, not once per row
     names: dict[int, str] = {}
-    if strings and short and not df.empty:
-        names = dict(con.execute(
-            f"SELECT id, value FROM {strings} WHERE id IN (SELECT DISTINCT {short} FROM {s.t(T)} "
-            f"UNION SELECT DISTINCT {full} FROM {s.t(T)})"))
+    if df.empty:
+        for col in ("name", "full_name"):
+            # object first: with no names at all, map() gives float NaN, which won't take a str
+            df[col] = pd.Categorical(df[col].map(names).astype(object).fillna("<unknown>").astype(str))
+        return df
+    # hash, not sort: ids in first-seen order; categories are sorted below, per distinct name
+    uniq = {}
+    for c in ("name", "full_name"):
+        inv, ids = pd.factorize(df[c].to_numpy())
+        uniq[c] = (ids, inv)
+    if strings and short:
+        wanted = np.union1d(uniq["name"][0], uniq["full_name"][0])
+        names = dict(con.execute(f"SELECT id, value FROM {strings} WHERE id IN "
+                                 f"({','.join(str(int(i)) for i in wanted)})"))
     for col in ("name", "full_name"):
-        # object first: with no names at all, map() gives float NaN, which won't take a str
-        df[col] = pd.Categorical(df[col].map(names).astype(object).fillna("<unknown>").astype(str))
+        ids, inv = uniq[col]
+        values = np.array(["<unknown>" if (v := names.get(int(i))) is None or v != v else str(v)
+                           for i in ids], dtype=object)
+        cats, to_cat = np.unique(values, return_inverse=True)  # sorted, as pandas infers them
+        df[col] = pd.Categorical.from_codes(to_cat[inv], categories=pd.Index(cats, dtype="str"))
     return df
 
 

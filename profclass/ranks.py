@@ -26,7 +26,7 @@ from .errors import ProfileError
 from .features import ALLOC_CALLS, SYNC_CALLS, GpuFeatures, compute_features
 from .kernel_table import gpu_kernel_agg
 from .load import load
-from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, detect_iterations, split_gpus
+from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, detect_iterations, iter_gpus
 
 # the CUDA API calls any later stage reads (launches for the launch join, allocator and sync
 # calls for the idle split, graph launches): the loader keeps only these (filtered in SQLite)
@@ -108,8 +108,12 @@ def summarise_profile(prof, source: int, iteration_regex: str | None,
                       keep_timelines: bool = False) -> FileSummary:
     """load -> timeline -> iterations -> features for one loaded export."""
     ops = build_ops(prof)
+    config_ops = ops[CONFIG_COLUMNS].astype({"library": str, "collective": str}).drop_duplicates()
+    # the per-table frames are in ops now; features read only these small ones of the profile
+    prof.kernels = prof.kernels[["device"]].drop_duplicates()
+    prof.memcpy = prof.memset = prof.memcpy.iloc[:0]
     gpus = []
-    for g in split_gpus(prof, source, ops):
+    for g in iter_gpus(prof, source, ops):
         detect_iterations(g, iteration_regex)
         feats = compute_features(g, prof)
         o = g.ops
@@ -122,10 +126,11 @@ def summarise_profile(prof, source: int, iteration_regex: str | None,
             compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
             kernel_agg=gpu_kernel_agg(g.ops, g.window),
             timeline=g if keep_timelines else None))
+        del g, o, comp, comm  # one GPU's rows at a time
+    del ops
     meta = ProfileMeta(path=prof.path, command=list(prof.command), env=dict(prof.env),
                        nsys_version=prof.nsys_version, session_start_ns=prof.session_start_ns,
                        missing=list(prof.missing), gpus=prof.gpus.copy())
-    config_ops = ops[CONFIG_COLUMNS].astype({"library": str, "collective": str}).drop_duplicates()
     return FileSummary(meta=meta, gpus=gpus, config_ops=config_ops.reset_index(drop=True))
 
 
