@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -268,6 +269,7 @@ def _query_arrow(con: "_ExportConnection", sql: str, cols: dict[str, str]) -> pd
                 return None
             out[c] = pd.Series(col.to_pylist(), dtype=object) if col.null_count else col.to_pandas()
     del table
+    pa.default_memory_pool().release_unused()  # hand the batches' memory back before the next table
     for c, v in out.items():
         if isinstance(v, np.ndarray) and not v.flags.writeable:
             out[c] = v.copy()
@@ -548,19 +550,38 @@ def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
             raise ProfileError(path, "not an Nsight Systems export (no nsys tables)")
         missing: list[str] = []
         strings = _strings(con, schema)
+        # the two biggest tables are read at once: the CUDA API calls on a second read-only
+        # connection in a thread (SQLite and the Arrow transfer run without the GIL)
+        pool = ThreadPoolExecutor(1)
         try:
+            runtime_job = pool.submit(_read_runtime_apart, path, api_names)
             kernels = read_kernels(con, schema, strings, missing)
+            memcpy = read_memcpy(con, schema, missing)
+            memset = read_memset(con, schema, missing)
+            runtime, runtime_missing = runtime_job.result()
+            missing.extend(runtime_missing)
             prof = RawProfile(
-                path=path, kernels=kernels, memcpy=read_memcpy(con, schema, missing),
-                memset=read_memset(con, schema, missing),
-                runtime=read_runtime(con, schema, strings, missing, api_names),
+                path=path, kernels=kernels, memcpy=memcpy, memset=memset, runtime=runtime,
                 nvtx=read_nvtx(con, schema, strings, missing), gpus=read_gpus(con, schema, missing),
                 gpu_metrics=read_gpu_metrics(con, schema, missing),
                 memory_events=read_memory_events(con, schema, missing), missing=missing)
             read_meta(con, schema, prof)
         except sqlite3.Error as exc:
             raise ProfileError(path, _sqlite_problem(exc)) from None
+        finally:
+            pool.shutdown(wait=True)
         return prof
+    finally:
+        con.close()
+
+
+def _read_runtime_apart(path: str, api_names: re.Pattern | None) -> tuple[pd.DataFrame, list[str]]:
+    """``read_runtime`` on a connection of its own (for the loader's second thread)."""
+    con = connect_readonly(path)
+    try:
+        schema = Schema(con)
+        missing: list[str] = []
+        return read_runtime(con, schema, _strings(con, schema), missing, api_names), missing
     finally:
         con.close()
 

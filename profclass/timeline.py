@@ -144,20 +144,22 @@ def build_ops(prof: RawProfile) -> pd.DataFrame:
     launch_start, launch_end = _launch_times(prof.runtime, num["pid"], num["correlation"])
     order = np.lexsort((num["end"], num["start"]))  # stable: ties keep kernels, copies, sets order
     cols = {}
+    # each column is put in order and its unordered parts dropped before the next one
     for c in OPS_COLUMNS:
         if c in num:
-            cols[c] = num[c][order]
+            cols[c] = num.pop(c)[order]
         elif c in flags:
-            cols[c] = flags[c][order]
+            cols[c] = flags.pop(c)[order]
         elif c in strs:
-            cols[c] = _decode(strs[c], order)
-        elif c in ("name", "full_name"):
-            cols[c] = _categorical(names if c == "name" else full_names, order)
+            cols[c] = _decode(strs.pop(c), order)
+        elif c == "name":
+            cols[c] = _categorical(names, order)
+        elif c == "full_name":
+            cols[c] = _categorical(full_names, order)
         elif c == "launch_start":
             cols[c] = launch_start[order]
         elif c == "launch_end":
             cols[c] = launch_end[order]
-    del num, flags, strs, names, full_names, launch_start, launch_end
     return pd.DataFrame(cols, copy=False)  # fresh arrays: no consolidation copy needed
 
 
