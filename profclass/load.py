@@ -544,7 +544,7 @@ def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
     try:
         try:
             schema = Schema(con)
-        except sqlite3.Error as exc:
+        except SQLITE_FAILURES as exc:
             raise ProfileError(path, _sqlite_problem(exc)) from None
         if not schema.tables:
             raise ProfileError(path, "not an Nsight Systems export (no nsys tables)")
@@ -566,7 +566,7 @@ def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
                 gpu_metrics=read_gpu_metrics(con, schema, missing),
                 memory_events=read_memory_events(con, schema, missing), missing=missing)
             read_meta(con, schema, prof)
-        except sqlite3.Error as exc:
+        except SQLITE_FAILURES as exc:
             raise ProfileError(path, _sqlite_problem(exc)) from None
         finally:
             pool.shutdown(wait=True)
@@ -586,7 +586,15 @@ def _read_runtime_apart(path: str, api_names: re.Pattern | None) -> tuple[pd.Dat
         con.close()
 
 
+# What reading a damaged file can raise. SQLite's error message quotes the damaged schema
+# text, and Python's sqlite3 decodes that message as strict UTF-8 (the connection's lenient
+# text_factory does not apply to it): a flipped byte there raises UnicodeDecodeError.
+SQLITE_FAILURES = (sqlite3.Error, UnicodeDecodeError)
+
+
 def _sqlite_problem(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "corrupt or truncated SQLite file (damaged schema: its text is not UTF-8)"
     msg = str(exc)
     if "locked" in msg:
         return "database is locked (is nsys still writing it?)"

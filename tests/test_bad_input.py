@@ -128,6 +128,19 @@ def test_corrupted_sqlite_page(tmp_path, host_export):
     assert_bad_input([f], f, "corrupt or truncated SQLite file")
 
 
+def test_schema_name_not_utf8(tmp_path, host_export):
+    """A flipped byte in a table's name in sqlite_master: SQLite reports the schema malformed
+    quoting the damaged name, and Python's sqlite3 fails to decode that message (found by
+    the fuzzer: UnicodeDecodeError escaped the loader)."""
+    f = tmp_path / "flipped.sqlite"
+    data = bytearray(host_export.read_bytes())
+    at = data.find(b"tableENUM_OPENGL_DEBUG_SEVERITYENUM_OPENGL_DEBUG_SEVERITY")
+    assert at > 0
+    data[at + len("tableENUM_OPENGL_DEBUG_SEVERI")] ^= 0xFF
+    f.write_bytes(bytes(data))
+    assert_bad_input([f], f, "corrupt or truncated SQLite file (damaged schema: its text is not UTF-8)")
+
+
 def test_sqlite_not_nsys(tmp_path):
     f = tmp_path / "app.sqlite"
     con = sqlite3.connect(f)
