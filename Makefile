@@ -31,15 +31,16 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 # Long fuzzing run (tests/test_fuzz.py): FUZZ_EXAMPLES generated exports (split over two
-# processes) and every committed fixture truncated at 20 points and byte-flipped at 100.
+# processes) and every committed fixture truncated at 20 points and byte-flipped at 100
+# (first: real-fixture damage is what has found crashes so far).
 # Counts go to build/fuzz-*.json and are summed at the end.
 FUZZ_EXAMPLES ?= 10000
 fuzz: install
 	rm -f build/fuzz-*.json
+	FUZZ_FULL=1 FUZZ_REPORT=build/fuzz-corrupt.json $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k corrupted
 	FUZZ_EXAMPLES=$$(( ($(FUZZ_EXAMPLES) + 1) / 2 )) FUZZ_REPORT=build/fuzz-gen1.json $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k generated --hypothesis-seed=1 & p=$$!; \
 	FUZZ_EXAMPLES=$$(( $(FUZZ_EXAMPLES) / 2 )) FUZZ_REPORT=build/fuzz-gen2.json $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k generated --hypothesis-seed=2; \
 	s2=$$?; wait $$p; s1=$$?; test $$s1 -eq 0 -a $$s2 -eq 0
-	FUZZ_FULL=1 FUZZ_REPORT=build/fuzz-corrupt.json $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz.py -k corrupted
 	$(BIN)/python -c "import json,glob,collections; c=collections.Counter(); [c.update(json.load(open(f))) for f in sorted(glob.glob('build/fuzz-*.json'))]; print(json.dumps(dict(sorted(c.items())), indent=1))"
 
 # Side-by-side benchmark (bench/bench.py): profclass diagnose vs nsys stats vs nsys-ai on
