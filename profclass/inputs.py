@@ -162,12 +162,15 @@ def _decompress(path: str, tmpdir: str) -> str:
     out = os.path.join(tmpdir, f"{len(os.listdir(tmpdir))}-{os.path.basename(path)[:-4]}")
     try:
         with open(path, "rb") as fin, open(out, "wb") as fout:
-            dobj = zstandard.ZstdDecompressor().decompressobj()
+            dctx = zstandard.ZstdDecompressor()
+            dobj, complete = dctx.decompressobj(), True
             for chunk in iter(lambda: fin.read(1 << 20), b""):
-                fout.write(dobj.decompress(chunk))
-                if dobj.eof:
-                    break
-            complete = dobj.eof  # a cut frame decompresses silently into a partial file
+                while chunk:  # one frame after another (pzstd and `cat a.zst b.zst` write several)
+                    fout.write(dobj.decompress(chunk))
+                    complete = dobj.eof  # a cut frame decompresses silently into a partial file
+                    chunk = dobj.unused_data if complete else b""
+                    if complete:
+                        dobj = dctx.decompressobj()
     except zstandard.ZstdError as exc:
         raise ProfileError(path, f"corrupt zstd file ({exc})") from None
     if not complete:

@@ -383,3 +383,17 @@ def test_bad_iteration_regex(tmp_path):
     f = small_job(tmp_path / "job.sqlite")
     assert_bad_input([f, "--iteration-range", "iteration ("], "--iteration-range",
                      "not a valid regular expression (missing ), unterminated subpattern")
+
+
+def test_zst_of_several_frames_reads_whole(tmp_path):
+    """The completeness check must not stop at the first frame (pzstd writes several)."""
+    from profclass.inputs import _decompress
+    payload = zstandard.ZstdDecompressor().decompressobj().decompress(
+        (PROFILES / "compute_1gpu_gpumetrics.sqlite.zst").read_bytes())
+    z = zstandard.ZstdCompressor()
+    half = len(payload) // 2
+    f = tmp_path / "frames.sqlite.zst"
+    f.write_bytes(z.compress(payload[:half]) + z.compress(payload[half:]))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert Path(_decompress(str(f), str(scratch))).read_bytes() == payload
