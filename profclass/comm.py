@@ -93,7 +93,7 @@ def _comm_kernels(g: GpuTimeline) -> pd.DataFrame:
 def _end_differences(a: GpuTimeline, b: GpuTimeline) -> np.ndarray:
     ka, kb = _comm_kernels(a), _comm_kernels(b)
     out = []
-    for ctype, ga in ka.groupby("collective"):
+    for ctype, ga in ka.groupby("collective", observed=True):
         gb = kb[kb["collective"] == ctype]
         ea, eb = ga["end"].to_numpy(), gb["end"].to_numpy()
         if len(ea) and len(ea) == len(eb):
@@ -192,7 +192,7 @@ def _single_rows(gpus, compute_sets, iterations) -> list[dict]:
         k = _comm_kernels(g)
         lo, hi = g.window
         k = k[(k["start"] >= lo) & (k["start"] < hi)]
-        for ctype, sub in k.groupby("collective"):
+        for ctype, sub in k.groupby("collective", observed=True):
             s, e = sub["start"].to_numpy(), sub["end"].to_numpy()
             cov = iv.measure_within(compute_sets[j], s, e)
             its = max(iterations[j], 1)

@@ -103,7 +103,7 @@ def recompute_ratio(ops: pd.DataFrame) -> float:
     p = ops[ops["pair"] != ""]
     if p.empty:
         return 0.0
-    counts = p.groupby(["pair", "side"]).size().unstack(fill_value=0)
+    counts = p.groupby(["pair", "side"], observed=True).size().unstack(fill_value=0)
     if "fwd" not in counts or "bwd" not in counts:
         return 0.0
     counts = counts[(counts["bwd"] > 0) & (counts["fwd"] > 0)]
@@ -140,7 +140,7 @@ def compute_features(gpu: GpuTimeline, prof: RawProfile) -> GpuFeatures:
         Mt = _ivset(sub, lo, hi)
         f.comm_by_type_ns[ctype] = iv.total(Mt)
         f.exposed_comm_by_type_ns[ctype] = iv.total(iv.subtract(Mt, C))
-    f.comm_libraries = {str(k): int(v) for k, v in comm.groupby("library").size().items()}
+    f.comm_libraries = {str(k): int(v) for k, v in comm.groupby("library", observed=True).size().items()}
     CM = iv.union(np.r_[C[0], M[0]], np.r_[C[1], M[1]])
     f.exposed_copy_ns = iv.total(iv.subtract(X, CM))
     off = copies[copies["kind"].isin(["HtoD", "DtoH"]) & (copies["bytes"] >= OFFLOAD_MIN_BYTES)]

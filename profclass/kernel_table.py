@@ -59,7 +59,7 @@ def gpu_kernel_agg(ops: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame |
     if isinstance(fn.dtype, pd.CategoricalDtype):
         # group on the name codes (same groups, same first-seen order), decode once per group
         agg = (pd.DataFrame({"code": fn.cat.codes.to_numpy(), "op": inside["op"].to_numpy(), "dur": dur})
-               .groupby(["code", "op"], sort=False).agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
+               .groupby(["code", "op"], sort=False, observed=True).agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
         labels = np.asarray(fn.cat.categories.astype(str), dtype=object)
         agg.insert(0, "full_name", pd.array(labels[agg.pop("code").to_numpy()], dtype="str"))
     else:
@@ -100,7 +100,7 @@ def kernel_table(gpus, iterations: list[int]) -> pd.DataFrame:
     allk["collective"] = allk["collective"].fillna("").astype(str)
     for col in ("is_comm", "is_gemm", "is_fp8"):
         allk[col] = allk[col].fillna(False).astype(bool)
-    table = allk.groupby(["name", "op"], sort=False).agg(
+    table = allk.groupby(["name", "op"], sort=False, observed=True).agg(
         library=("library", "first"), collective=("collective", "first"), is_comm=("is_comm", "any"),
         is_gemm=("is_gemm", "any"), is_fp8=("is_fp8", "any"), count_per_step=("count_per_step", "sum"),
         ms_per_step=("ms_per_step", "sum"), gpus=("gpu", "nunique")).reset_index()
