@@ -279,8 +279,14 @@ def split_gpus(prof: RawProfile, source: int, ops: pd.DataFrame) -> list[GpuTime
 def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame):
     """The GPUs of one export, one at a time in (pid, device) order: a caller that reduces
     each to numbers holds one GPU's copy of the rows at a time, not all of them."""
-    pid_dev = pd.MultiIndex.from_arrays([ops["pid"].to_numpy(), ops["device"].to_numpy()])
-    codes, keys = pd.factorize(pid_dev, sort=True)
+    # (pid, device) packed into one int64 (pids < 2^24, devices < 2^16): factorising plain
+    # integers is far cheaper than a MultiIndex of pairs
+    pid, dev = ops["pid"].to_numpy(np.int64), ops["device"].to_numpy(np.int64)
+    if len(pid) and pid.min() >= 0 and pid.max() < 2**40 and dev.min() >= 0 and dev.max() < 2**16:
+        codes, uniq = pd.factorize((pid << 16) | dev, sort=True)
+        keys = [(int(k >> 16), int(k & 0xFFFF)) for k in uniq]
+    else:  # out-of-range ids (damaged exports): pairs
+        codes, keys = pd.factorize(pd.MultiIndex.from_arrays([pid, dev]), sort=True)
     order = np.argsort(codes, kind="stable")  # rows of each GPU, in their (start, end) order
     bounds = np.searchsorted(codes[order], np.arange(len(keys) + 1))
     is_kernel = (ops["op"] == "kernel").to_numpy()
@@ -305,11 +311,10 @@ def nvtx_iterations(gpu: GpuTimeline, regex: str) -> pd.DataFrame:
     if nv.empty:
         return pd.DataFrame()
     pat = re.compile(regex, re.I)
-    texts = nv["text"].astype(str)
-    uniq = texts.unique()
-    matches = {t: pat.search(t) for t in uniq}
-    hit = texts.map(lambda t: matches[t] is not None)
-    ranges = nv[hit.to_numpy()]
+    # the regex runs once per distinct text, not once per range
+    codes, uniq = pd.factorize(nv["text"].astype(str))
+    hit_text = np.array([pat.search(t) is not None for t in uniq], bool)
+    ranges = nv[hit_text[codes] if len(uniq) else np.zeros(len(nv), bool)]
     if len(ranges) < 1:
         return pd.DataFrame()
     # one thread drives the training loop: keep the thread with the most iteration ranges
