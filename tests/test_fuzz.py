@@ -196,7 +196,8 @@ def test_corrupted_fixtures(tmp_path, fixture_hashes, private_tmp, nsys, monkeyp
     monkeypatch.setenv("NSYS", nsys)  # damaged .nsys-rep reports go through a real nsys export
     fixtures = committed_fixtures()
     if not FULL:  # CI budget: the smallest SQLite fixture and the .nsys-rep
-        fixtures = [min((f for f in fixtures if f.name.endswith(".zst")), key=lambda f: f.stat().st_size)]
+        fixtures = [min((f for f in fixtures if f.name.endswith(".zst") and f.parent == PROFILES),
+                        key=lambda f: f.stat().st_size)]
         fixtures += [f for f in committed_fixtures() if f.name.endswith(".nsys-rep")][:1]
     out = tmp_path / "damaged"
     out.mkdir()
