@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import sqlite3
 import sys
 
-import zstandard
-
-
-def _copy_export(src: str, dst: str) -> None:
-    if src.endswith(".zst"):
-        with open(src, "rb") as fi, open(dst, "wb") as fo:
-            zstandard.ZstdDecompressor().copy_stream(fi, fo)
-    else:
-        shutil.copyfile(src, dst)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scale_fixture import decompress  # noqa: E402
 
 
 def make_rank_copies(source_dir: str, n: int, out_dir: str) -> list[str]:
@@ -38,7 +30,7 @@ def make_rank_copies(source_dir: str, n: int, out_dir: str) -> list[str]:
         out.append(dst)
         if os.path.exists(dst):
             continue
-        _copy_export(sources[k % len(sources)], dst + ".part")
+        decompress(sources[k % len(sources)], dst + ".part")
         con = sqlite3.connect(dst + ".part")
         for var, value in (("RANK", k), ("WORLD_SIZE", n)):
             con.execute("UPDATE META_DATA_CAPTURE SET value = ? WHERE name LIKE 'PROCESS_%:ENVIRONMENT_VARIABLE' "

@@ -337,6 +337,13 @@ def _col(cols: set, name: str, alias: str, default: str = "0") -> str:
     return f"coalesce({alias}.{name}, {default})" if name in cols else default
 
 
+def _copy_columns(c: set) -> str:
+    """start, end, device, pid, stream, correlation, bytes of a memcpy/memset row (alias m)."""
+    return (f"m.start, m.end, {_col(c, 'deviceId', 'm')}, "
+            f"{_pid_expr('m.globalPid') if 'globalPid' in c else '0'}, {_col(c, 'streamId', 'm')}, "
+            f"{_col(c, 'correlationId', 'm')}, {_col(c, 'bytes', 'm')}")
+
+
 def read_memcpy(con, s: Schema, missing: list) -> pd.DataFrame:
     T = "CUPTI_ACTIVITY_KIND_MEMCPY"
     if not s.has(T, "start", "end"):
@@ -345,9 +352,7 @@ def read_memcpy(con, s: Schema, missing: list) -> pd.DataFrame:
     c = s.columns[T]
     host_kind = ("CASE WHEN m.copyKind=1 THEN m.srcKind WHEN m.copyKind=2 THEN m.dstKind ELSE -1 END"
                  if {"srcKind", "dstKind", "copyKind"} <= c else "-1")
-    sql = (f"SELECT m.start, m.end, {_col(c, 'deviceId', 'm')}, "
-           f"{_pid_expr('m.globalPid') if 'globalPid' in c else '0'}, {_col(c, 'streamId', 'm')}, "
-           f"{_col(c, 'correlationId', 'm')}, {_col(c, 'bytes', 'm')}, {_col(c, 'copyKind', 'm')}, "
+    sql = (f"SELECT {_copy_columns(c)}, {_col(c, 'copyKind', 'm')}, "
            f"{host_kind} FROM {s.t(T)} m WHERE m.end >= m.start")
     df = _query(con, sql, dict(MEMCPY_COLS, kind="int64", pinned="int64"))
     df["kind"] = df["kind"].map(KIND_NAMES).fillna("other")
@@ -361,9 +366,7 @@ def read_memset(con, s: Schema, missing: list) -> pd.DataFrame:
         missing.append("memset (CUPTI_ACTIVITY_KIND_MEMSET)")
         return _empty(MEMSET_COLS)
     c = s.columns[T]
-    sql = (f"SELECT m.start, m.end, {_col(c, 'deviceId', 'm')}, "
-           f"{_pid_expr('m.globalPid') if 'globalPid' in c else '0'}, {_col(c, 'streamId', 'm')}, "
-           f"{_col(c, 'correlationId', 'm')}, {_col(c, 'bytes', 'm')} FROM {s.t(T)} m WHERE m.end >= m.start")
+    sql = f"SELECT {_copy_columns(c)} FROM {s.t(T)} m WHERE m.end >= m.start"
     return _query(con, sql, MEMSET_COLS)
 
 
