@@ -142,6 +142,7 @@ class DiffResult:
     communication: dict
     config_changes: list[dict]
     notes: list[str] = field(default_factory=list)
+    pitfalls: list[dict] = field(default_factory=list)  # rules with scope "diff" (data/rules.toml)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -398,7 +399,15 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
         verdict=_verdict(step, significant, change, walls_delta, components, kernels),
         walls=walls, walls_delta_ms=walls_delta, components=components, kernels=kernels,
         appeared=appeared, vanished=vanished, communication=_communication(b, c),
-        config_changes=_config_changes(b, c), notes=notes)
+        config_changes=_config_changes(b, c), notes=notes, pitfalls=_pair_pitfalls(b, c, mb))
+
+
+def _pair_pitfalls(b: Diagnosis, c: Diagnosis, step_ms: float) -> list[dict]:
+    from .pitfalls import check, diff_facts
+
+    def flags(d):
+        return d.config.get("command_line_flags", {}).get("value", {})
+    return check(diff_facts(flags(b), flags(c)), {}, step_ms, scope="diff")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,6 +488,8 @@ def render_text(r: DiffResult, width: int = 120, top: int = 12) -> str:
             f"{c['key']}: {c['base']} -> {c['candidate']} ({c['source']})" for c in r.config_changes))
     else:
         con.print("Configuration changes: none visible in the profiles")
+    for p in r.pitfalls:
+        con.print(f"Pitfall ({p['rule']}): {p['message']} Fix: {p['fix']}")
     for n in r.notes:
         con.print(f"Note: {n}")
     return buf.getvalue()
@@ -527,4 +538,6 @@ def render_markdown(r: DiffResult, top: int = 10) -> str:
             f"`{c['key']}` {c['base']} -> {c['candidate']}" for c in r.config_changes) + "."]
     for n in r.notes:
         lines += ["", f"Note: {n}."]
+    for p in r.pitfalls:
+        lines += ["", f"**Pitfall** ({p['rule']}): {p['message']} Fix: `{p['fix']}`."]
     return "\n".join(lines) + "\n"

@@ -58,6 +58,22 @@ def facts(flags: dict, env: dict, cfg: dict, peak_share: float | None, n_gpus: i
     }
 
 
+FORCE_BALANCE_FLAGS = ("--moe-router-force-load-balancing", "--force-balance")
+
+
+def routing_mode(flags: dict) -> str | None:
+    """force-balanced / learned routing from a captured command line; None when unknown."""
+    if not flags:
+        return None
+    return "force-balanced" if any(f in flags for f in FORCE_BALANCE_FLAGS) else "learned"
+
+
+def diff_facts(base_flags: dict, candidate_flags: dict) -> dict[str, bool]:
+    """Facts about a pair of runs (rules with ``scope = "diff"``)."""
+    a, b = routing_mode(base_flags), routing_mode(candidate_flags)
+    return {"routing_mode_differs": a is not None and b is not None and a != b}
+
+
 def _holds(fact_values: dict[str, bool], cond: str) -> bool:
     neg = cond.startswith("not ")
     value = fact_values.get(cond[4:] if neg else cond, False)

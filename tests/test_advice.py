@@ -164,3 +164,12 @@ def test_explain_prints_the_reference():
     text = subprocess.run([sys.executable, "-m", "profclass", "explain"], capture_output=True,
                           text=True, check=True).stdout
     assert "selective" in text and "full_recompute_with_headroom" in text
+
+
+def test_diff_across_routing_modes_is_a_pitfall():
+    from tests.conftest import profile_path
+    mixed = profclass.diff(str(profile_path("mcore_alltoall_4gpu")), str(profile_path("mcore_alltoall_4gpu_balanced")))
+    assert [p["rule"] for p in mixed.pitfalls] == ["routing_mode_differs"]
+    assert "routing_mode_differs" in json.dumps(mixed.to_dict())
+    same = profclass.diff(str(profile_path("mcore_alltoall_4gpu")), str(profile_path("mcore_alltoall_4gpu_nvtx")))
+    assert same.pitfalls == []
