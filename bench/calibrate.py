@@ -91,7 +91,7 @@ def main() -> None:
         v = WALLS[predict(r["shares"][None], th)[0]] if not r["straggler"] else r["verdict"] + " (straggler)"
         v += " (held out)" if r["held_out"] else ("" if r["constructed"] or r["straggler"] else " (not fitted)")
         print(f"{r['name']:34s} {r['label']:14s} " + " ".join(f"{s:7.2f}" for s in r["shares"]) + f"  {v}")
-    print(f"\nthresholds: " + ", ".join(f"{w}={t:.2f}" for w, t in zip(WALLS, th)))
+    print("\nthresholds: " + ", ".join(f"{w}={t:.2f}" for w, t in zip(WALLS, th)))
     print(f"training accuracy {acc:.3f} on {len(fit_rows)} constructed profiles without a straggler; smallest margin "
           f"{m:.3f} (log score ratio); leave-one-out accuracy {np.mean(held):.3f}")
     held_rows = [r for r in rows if r["held_out"]]

@@ -12,15 +12,13 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from . import classify, comm, config, fixes, intervals as iv, pitfalls
+from . import classify, comm, config, fixes, pitfalls
 from .errors import ProfileError
-from .features import compute_features
 from .inputs import resolve
 from .kernel_table import kernel_table, table_records
-from .load import load
 from .onejob import check_one_job
 from .ranks import summarise_files
-from .timeline import GpuTimeline, build_ops, detect_iterations, split_gpus
+from .timeline import GpuTimeline
 
 HOST_SYNC_IDLE_MIN = 0.03  # share of the step idle after host syncs that makes them worth fixing
 
@@ -168,7 +166,7 @@ def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis
     devices.sort(key=lambda dv: (dv["rank"] is None, dv["rank"], dv["pid"]))
     stragglers = []
     for s in ca.stragglers:
-        g, f = gpus[s["gpu"]], feats[s["gpu"]]
+        g = gpus[s["gpu"]]
         reason, detail = _straggler_reason(s["gpu"], gpus, feats, per_gpu_ns, its)
         stragglers.append(dict(pid=g.pid, device=g.device, rank=g.rank, reason=reason, detail=detail,
                                cost_ms_per_step=s["blame_ms_per_step"],
@@ -181,13 +179,13 @@ def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis
     numbers = _numbers(feats, its, ca, stragglers, job_ns)
     ctx = _context(cfg, feats, its, numbers, stragglers, step_ns)
     flags = cfg.get("command_line_flags", {}).get("value", {})
-    env_flags = {f"{k}": v for k, v in profiles[0].env.items()} if profiles else {}
-    chosen = fixes.select([verdict.wall, verdict.runner_up], ctx, {**env_flags, **flags}, numbers,
+    env_all = {k: v for p in profiles for k, v in p.env.items()}
+    # a fix is already on when its flag is on the command line or its variable in the environment
+    chosen = fixes.select([verdict.wall, verdict.runner_up], ctx, {**env_all, **flags}, numbers,
                           step_ms=step_ns / 1e6)
     peaks = [f.peak_memory_bytes / f.total_memory_bytes for f in feats
              if f.peak_memory_bytes and f.total_memory_bytes]
     peak_share = max(peaks) if peaks else None
-    env_all = {k: v for p in profiles for k, v in p.env.items()}
     found = pitfalls.check(pitfalls.facts(flags, env_all, cfg, peak_share, len(gpus)), numbers, step_ns / 1e6)
     for pf in found:
         if peak_share is not None and "memory_headroom" in pf["facts"]:

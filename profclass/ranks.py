@@ -18,7 +18,6 @@ import os
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from . import intervals as iv

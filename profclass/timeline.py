@@ -86,8 +86,8 @@ def build_ops(prof: RawProfile) -> pd.DataFrame:
 
     Built column-wise from numpy arrays: string columns travel as small per-name tables plus
     integer codes (the kernel taxonomy runs once per distinct name), rows are put in order
-    once, and strings are decoded only at the end (Arrow dictionary decode, in C). The same
-    frame as ``build_ops_pandas``, several times faster on million-kernel exports.
+    once, and text columns stay categorical (codes into those small tables). The same rows
+    as ``build_ops_pandas``, several times faster on million-kernel exports.
     """
     k = prof.kernels
     if k.empty or not isinstance(k["full_name"].dtype, pd.CategoricalDtype) \
@@ -151,7 +151,7 @@ def build_ops(prof: RawProfile) -> pd.DataFrame:
         elif c in flags:
             cols[c] = flags.pop(c)[order]
         elif c in strs:
-            cols[c] = _decode(strs.pop(c), order)
+            cols[c] = _categorical(strs.pop(c), order)
         elif c == "name":
             cols[c] = _categorical(names, order)
         elif c == "full_name":
@@ -172,13 +172,8 @@ def _stack_codes(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
     return uniq.astype(object), inv[codes]
 
 
-def _decode(parts, order) -> pd.Categorical:
-    """A small-vocabulary text column as a categorical: row filters then copy int codes,
-    not strings (6 such columns x millions of rows)."""
-    return _categorical(parts, order)
-
-
 def _categorical(parts, order) -> pd.Categorical:
+    """A text column as a categorical: row filters then copy int codes, not strings."""
     uniq, codes = _stack_codes(parts)
     codes = codes[order]
     present = np.zeros(len(uniq), bool)
