@@ -21,23 +21,16 @@ is the runner-up and ``confidence = s1 / (s1 + s2)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 import numpy as np
 
 from .features import GpuFeatures
+from .tables import read_table
 
 WALLS = ("compute", "communication", "host", "memory")
 
 
 def load_thresholds() -> dict[str, float]:
-    text = resources.files("profclass").joinpath("data/calibration.toml").read_text()
-    return {w: float(v) for w, v in tomllib.loads(text)["thresholds"].items()}
+    return {w: float(v) for w, v in read_table("calibration")["thresholds"].items()}
 
 
 @dataclass

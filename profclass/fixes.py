@@ -6,20 +6,15 @@ ms per step, from the measured time the fix can remove (``GAINS``).
 """
 from __future__ import annotations
 
-from importlib import resources
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from .tables import read_table
 
 
 def load_table() -> list[dict]:
-    text = resources.files("profclass").joinpath("data/fixes.toml").read_text()
-    return tomllib.loads(text)["fix"]
+    return read_table("fixes")["fix"]
 
 
-def _holds(ctx: dict, key: str, expected) -> bool:
+def _context_matches(ctx: dict, key: str, expected) -> bool:
+    """Whether context fact ``key`` has the table's expected value (or one of a list)."""
     value = ctx.get(key)
     if isinstance(expected, list):
         return value in expected
@@ -66,9 +61,9 @@ def select(walls: list[str], ctx: dict, flags: dict, numbers: dict, step_ms: flo
         for order, fix in enumerate(load_table()):
             if fix["wall"] != wall:
                 continue
-            if not all(_holds(ctx, k, v) for k, v in fix.get("requires", {}).items()):
+            if not all(_context_matches(ctx, k, v) for k, v in fix.get("requires", {}).items()):
                 continue
-            if any(_holds(ctx, k, v) for k, v in fix.get("skip_if", {}).items()):
+            if any(_context_matches(ctx, k, v) for k, v in fix.get("skip_if", {}).items()):
                 continue
             if any(_flag_on(flags, f) for f in fix.get("skip_if_flags", [])):
                 continue

@@ -227,9 +227,6 @@ def _round_features(d: dict) -> dict:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
 
 
-REASON_OF_WALL = {"compute": "imbalance", "host": "host", "memory": "memory"}
-
-
 def _straggler_reason(j, gpus, feats, per_gpu_ns, its) -> tuple[str, str]:
     wall, excess = classify.straggler_wall(j, per_gpu_ns, its)
     others = [k for k in range(len(gpus)) if k != j]
