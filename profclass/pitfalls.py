@@ -4,6 +4,7 @@ code here, so adding a rule over existing facts is a data change."""
 from __future__ import annotations
 
 import math
+
 from .tables import read_table
 
 HEADROOM_SHARE = 0.6  # peak memory below this share of the card counts as ample headroom
