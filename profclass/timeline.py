@@ -111,30 +111,14 @@ def build_ops(prof: RawProfile) -> pd.DataFrame:
     names = [(k["name"].cat.categories.to_numpy(object), k["name"].cat.codes.to_numpy())]
     full_names = [(full.categories.to_numpy(object), kcodes)]
     for op, df in parts[1:]:
-        m = len(df)
-        kind_vals, kind_codes = (np.unique(df["kind"].to_numpy(object).astype(str), return_inverse=True)
-                                 if op == "memcpy" else (np.array(["memset"], object), np.zeros(m, np.int64)))
-        kind_vals = kind_vals.astype(object)
-        strs["op"].append((np.array([op], object), np.zeros(m, np.int64)))
-        strs["kind"].append((kind_vals, kind_codes))
-        op_names = (np.array([f"{op} {v}" for v in kind_vals], object) if op == "memcpy"
-                    else np.array([op], object))
-        names.append((op_names, kind_codes))
-        full_names.append((op_names, kind_codes))
-        # peer-to-peer copies move data between GPUs: communication, not local copies
-        p2p = (kind_vals == "PtoP")[kind_codes] if op == "memcpy" else np.zeros(m, bool)
-        strs["library"].append((np.array(["", "cuda_p2p"], object), p2p.astype(np.int64)))
-        strs["collective"].append((np.array(["", "other"], object), p2p.astype(np.int64)))
-        strs["pair"].append((np.array([""], object), np.zeros(m, np.int64)))
-        strs["side"].append((np.array([""], object), np.zeros(m, np.int64)))
-        flags["is_comm"].append(p2p)
-        flags["is_gemm"].append(np.zeros(m, bool))
-        flags["is_fp8"].append(np.zeros(m, bool))
+        _add_copy_part(op, df, strs, flags, names, full_names)
     for c in ("is_comm", "is_gemm", "is_fp8"):
         flags[c] = np.concatenate(flags[c])
 
     launch_start, launch_end = _launch_times(prof.runtime, num["pid"], num["correlation"])
     order = np.lexsort((num["end"], num["start"]))  # stable: ties keep kernels, copies, sets order
+    num["launch_start"], num["launch_end"] = launch_start, launch_end
+    strs["name"], strs["full_name"] = names, full_names
     cols = {}
     # each column is put in order and its unordered parts dropped before the next one
     for c in OPS_COLUMNS:
@@ -144,15 +128,30 @@ def build_ops(prof: RawProfile) -> pd.DataFrame:
             cols[c] = flags.pop(c)[order]
         elif c in strs:
             cols[c] = _categorical(strs.pop(c), order)
-        elif c == "name":
-            cols[c] = _categorical(names, order)
-        elif c == "full_name":
-            cols[c] = _categorical(full_names, order)
-        elif c == "launch_start":
-            cols[c] = launch_start[order]
-        elif c == "launch_end":
-            cols[c] = launch_end[order]
     return pd.DataFrame(cols, copy=False)  # fresh arrays: no consolidation copy needed
+
+
+def _add_copy_part(op: str, df: pd.DataFrame, strs: dict, flags: dict, names: list, full_names: list) -> None:
+    """Append one copy/memset table's string and flag columns (as ``build_ops`` lays them out)."""
+    m = len(df)
+    kind_vals, kind_codes = (np.unique(df["kind"].to_numpy(object).astype(str), return_inverse=True)
+                             if op == "memcpy" else (np.array(["memset"], object), np.zeros(m, np.int64)))
+    kind_vals = kind_vals.astype(object)
+    strs["op"].append((np.array([op], object), np.zeros(m, np.int64)))
+    strs["kind"].append((kind_vals, kind_codes))
+    op_names = (np.array([f"{op} {v}" for v in kind_vals], object) if op == "memcpy"
+                else np.array([op], object))
+    names.append((op_names, kind_codes))
+    full_names.append((op_names, kind_codes))
+    # peer-to-peer copies move data between GPUs: communication, not local copies
+    p2p = (kind_vals == "PtoP")[kind_codes] if op == "memcpy" else np.zeros(m, bool)
+    strs["library"].append((np.array(["", "cuda_p2p"], object), p2p.astype(np.int64)))
+    strs["collective"].append((np.array(["", "other"], object), p2p.astype(np.int64)))
+    strs["pair"].append((np.array([""], object), np.zeros(m, np.int64)))
+    strs["side"].append((np.array([""], object), np.zeros(m, np.int64)))
+    flags["is_comm"].append(p2p)
+    flags["is_gemm"].append(np.zeros(m, bool))
+    flags["is_fp8"].append(np.zeros(m, bool))
 
 
 def _stack_codes(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
