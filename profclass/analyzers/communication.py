@@ -188,18 +188,17 @@ def _single_rows(gpus, compute_sets, iterations) -> list[dict]:
 def exposed_ms(job: Job, types: tuple[str, ...], transfer_only: bool) -> float:
     """Exposed time of these collectives, ms per step (transfer only: without peer waiting).
 
-    With peers, the matched wait/transfer split of each rank; a lone rank (or one whose
-    collectives matched none of its peers') has only its own exposed time, all transfer.
+    Exposed time is the per-GPU half's (collective time compute does not hide); the matched
+    half only says how much of it was waiting for peers (none for a lone rank, or one whose
+    collectives matched none of its peers').
     """
-    keys = ("exposed_transfer_ns",) if transfer_only else ("exposed_transfer_ns", "exposed_wait_ns")
     vals = []
     for rec in job.records:
-        by_type = rec.comm.by_type
-        if len(job.records) > 1 and by_type:
-            v = sum(by_type.get(t, {}).get(k, 0) for t in types for k in keys)
-        else:
-            v = sum(rec.analysis.communication.exposed_comm_by_type_ns.get(t, 0) for t in types)
-        vals.append(v / rec.iterations)
+        exposed = rec.analysis.communication.exposed_comm_by_type_ns
+        v = sum(exposed.get(t, 0) for t in types)
+        if transfer_only:
+            v -= sum(rec.comm.by_type.get(t, {}).get("exposed_wait_ns", 0) for t in types)
+        vals.append(max(v, 0) / rec.iterations)
     return float(np.mean(vals)) / 1e6 if vals else 0.0
 
 
