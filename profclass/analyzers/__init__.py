@@ -6,9 +6,11 @@ Each analyzer module has a per-GPU half and a job-level half:
   window (``sets``: that window's ops and interval sets, built once per GPU). Runs per file,
   in whatever process read the export (``profclass.ranks``).
 - ``numbers(job) -> dict``: job-level quantities (ms per step) that fix gains and pitfall
-  costs are computed from (``fixes.GAINS``).
+  costs are computed from (``GAINS``).
 - ``facts(job, numbers) -> dict``: the named booleans/values ``data/fixes.toml`` tests.
 - ``evidence(job, numbers) -> list[dict]``: its rows of the Diagnosis ``evidence``.
+- ``GAINS``: how each fix gain name it owns (``data/fixes.toml`` ``gain``) is priced from
+  the numbers.
 
 Cross-rank analyzers (``communication.analyse_ranks``, ``stragglers.find``) run once over
 all GPUs, in the facade. Adding an analysis: write its module, register it below (a field
@@ -67,6 +69,10 @@ def feature_record(a: GpuAnalysis) -> dict:
     return {**{k: flat.pop(k) for k in FEATURE_ORDER}, **flat}
 
 
+# every fix gain name -> how it is priced from the job numbers
+GAINS = {name: gain for module in JOB_LEVEL for name, gain in module.GAINS.items()}
+
+
 def job_numbers(job: Job) -> dict:
     out: dict = {}
     for module in JOB_LEVEL:
@@ -85,5 +91,5 @@ def job_evidence(job: Job, numbers: dict) -> list[dict]:
     return [row for module in JOB_LEVEL for row in module.evidence(job, numbers)]
 
 
-__all__ = ["GpuAnalysis", "GpuRecord", "Job", "analyse_gpu", "feature_record", "job_evidence",
+__all__ = ["GAINS", "GpuAnalysis", "GpuRecord", "Job", "analyse_gpu", "feature_record", "job_evidence",
            "job_facts", "job_numbers"]

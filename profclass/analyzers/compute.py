@@ -73,6 +73,13 @@ def _metric_device(gpu, prof) -> int:
 # ---------------------------------------------------------------------------------------------
 # job level
 
+# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+GAINS = {
+    "compute_low_sm": lambda n: n["compute_ms"] * max(0.0, 1.0 - n["sm_busy"]),
+    "compute_elementwise": lambda n: n["elementwise_ms"],
+    "compute_gemm_half": lambda n: n["gemm_ms"] / 2.0,
+}
+
 def numbers(job: Job) -> dict:
     comp_ms = mean_per_step_ms(job, lambda a: a.compute.compute_ns)
     gemm_ms = mean_per_step_ms(job, lambda a: a.compute.gemm_ns)

@@ -43,6 +43,9 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
 # ---------------------------------------------------------------------------------------------
 # job level
 
+# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+GAINS = {"gc": lambda n: min(n["gc_ms"], n["host_ms"])}
+
 def numbers(job: Job) -> dict:
     return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns), host_ms=job.walls_ns["host"] / 1e6)
 

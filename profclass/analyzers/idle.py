@@ -115,6 +115,13 @@ def _ended_within(sorted_ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np
 # ---------------------------------------------------------------------------------------------
 # job level
 
+# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+GAINS = {
+    "idle_sync": lambda n: n["idle_sync_ms"],
+    "idle_launch": lambda n: n["idle_launch_ms"],
+    "idle_alloc": lambda n: n["idle_alloc_ms"],
+}
+
 def numbers(job: Job) -> dict:
     return dict(idle_sync_ms=mean_per_step_ms(job, lambda a: a.idle.idle_sync_ns),
                 idle_launch_ms=mean_per_step_ms(job, lambda a: a.idle.idle_launch_ns),

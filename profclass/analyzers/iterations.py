@@ -200,6 +200,8 @@ def detect_iterations(gpu: GpuTimeline, regex: str | None) -> None:
 # ---------------------------------------------------------------------------------------------
 # job level
 
+GAINS: dict = {}
+
 def window_section(job: Job) -> dict:
     """The Diagnosis ``window``: where iterations came from and the job's step statistics."""
     per_it = [np.asarray(r.analysis.window.step_ns, float) / 1e6 for r in job.records]

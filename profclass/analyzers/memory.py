@@ -82,6 +82,15 @@ def _footprint(gpu, prof) -> tuple[int | None, int | None]:
 # ---------------------------------------------------------------------------------------------
 # job level
 
+# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+GAINS = {
+    "recompute_minus_selective": lambda n: max(0.0, n["recompute_ms"] - n["selective_keep_ms"]),
+    "offload": lambda n: n["offload_ms"],
+    "memory_all": lambda n: n["memory_ms"],
+    # halving the footprint can remove at most about half of what fitting costs
+    "memory_half": lambda n: n["memory_ms"] / 2.0,
+}
+
 def peak_share(job: Job) -> float | None:
     """The largest peak footprint over GPUs as a share of its card; None when unknown."""
     peaks = [m.peak_memory_bytes / m.total_memory_bytes for m in (r.analysis.memory for r in job.records)

@@ -75,6 +75,9 @@ def _detail(job: Job, j: int, wall: str, excess: float) -> str:
 # ---------------------------------------------------------------------------------------------
 # job level
 
+# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+GAINS = {"straggler_wait": lambda n: n["straggler_wait_ms"]}
+
 def numbers(job: Job) -> dict:
     return dict(straggler_wait_ms=sum(s["others_wait_ms_per_step"] for s in job.stragglers))
 
