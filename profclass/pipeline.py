@@ -23,7 +23,7 @@ from .errors import ProfileError
 from .inputs import resolve
 from .kernel_table import kernel_table, table_records
 from .onejob import check_one_job
-from .timeline import GpuTimeline
+from .ranks import assign_ranks
 from .workers import summarise_files
 
 
@@ -68,27 +68,6 @@ def _jsonable(o):
     raise TypeError(type(o))
 
 
-def _assign_ranks(gpus: list[GpuTimeline], profiles, hints) -> None:
-    sources = sorted({g.source for g in gpus})
-    if len(sources) > 1:  # one report per rank: the captured RANK, else the file name
-        for g in gpus:
-            env_rank = profiles[g.source].env.get("RANK")
-            if env_rank is not None and str(env_rank).isdigit():
-                g.rank = int(env_rank)
-            elif hints[g.source] is not None:
-                g.rank = hints[g.source]
-    if any(g.rank is None for g in gpus):
-        # one report holding every rank (torchrun on one node: rank follows the device), or
-        # no better source: by (report, device) order
-        order = sorted(range(len(gpus)), key=lambda i: (gpus[i].source, gpus[i].device, gpus[i].pid))
-        for r, i in enumerate(order):
-            gpus[i].rank = r
-    ranks = [g.rank for g in gpus]
-    if len(set(ranks)) != len(ranks):
-        for r, i in enumerate(sorted(range(len(gpus)), key=lambda i: (ranks[i], gpus[i].source))):
-            gpus[i].rank = r
-
-
 def diagnose(paths, iteration_regex: str | None = None, progress=None,
              keep_timelines: bool = False, jobs: int = 1, scheduler: str | None = None) -> Diagnosis:
     """Diagnose a job from its nsys exports. Raises ProfileError on bad input.
@@ -124,7 +103,7 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
                                "no GPU kernels in the profile (CPU-only capture, or CUDA tracing was off)")
     if progress:
         progress(f"analysing {len(gpus)} GPU(s)")
-    d = analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], iteration_regex, paths)
+    d = analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], paths)
     if keep_timelines:
         for g in gpus:
             if g.timeline is not None:
@@ -133,10 +112,10 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
     return d
 
 
-def analyse(profiles, gpus, all_ops, hints, iteration_regex, paths) -> Diagnosis:
+def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
     """The job-level stages over the per-rank summaries: cross-rank analyzers -> classify ->
     configuration -> fixes and pitfalls, into one Diagnosis."""
-    _assign_ranks(gpus, profiles, hints)
+    assign_ranks(gpus, profiles, hints)
     skew = align_clocks(gpus, {i: p.session_start_ns for i, p in enumerate(profiles)})
     # iterations and per-GPU analyzers ran per file, on its own clock (profclass.ranks)
     job = Job([GpuRecord(g, g.analysis, max(g.analysis.window.iterations, 1)) for g in gpus])

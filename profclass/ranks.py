@@ -155,3 +155,26 @@ def _summarise_sqlite(given, sqlite, source, iteration_regex, keep_timelines) ->
         raise ProfileError(given, exc.problem) from None
     prof.path = given
     return summarise_profile(prof, source, iteration_regex, keep_timelines)
+
+
+def assign_ranks(gpus: list[GpuSummary], profiles: list[ProfileMeta], hints) -> None:
+    """Each GPU's rank: the captured RANK of its report, else the rank in the file name
+    (``hints``), else (report, device) order; duplicates are renumbered in rank order."""
+    sources = sorted({g.source for g in gpus})
+    if len(sources) > 1:  # one report per rank: the captured RANK, else the file name
+        for g in gpus:
+            env_rank = profiles[g.source].env.get("RANK")
+            if env_rank is not None and str(env_rank).isdigit():
+                g.rank = int(env_rank)
+            elif hints[g.source] is not None:
+                g.rank = hints[g.source]
+    if any(g.rank is None for g in gpus):
+        # one report holding every rank (torchrun on one node: rank follows the device), or
+        # no better source: by (report, device) order
+        order = sorted(range(len(gpus)), key=lambda i: (gpus[i].source, gpus[i].device, gpus[i].pid))
+        for r, i in enumerate(order):
+            gpus[i].rank = r
+    ranks = [g.rank for g in gpus]
+    if len(set(ranks)) != len(ranks):
+        for r, i in enumerate(sorted(range(len(gpus)), key=lambda i: (ranks[i], gpus[i].source))):
+            gpus[i].rank = r
