@@ -1,4 +1,4 @@
-"""The analyzers: one module per analysis, between the timeline and classify stages.
+"""Stage 3, analyzers: one module per analysis, between the timeline and classify stages.
 
 Each analyzer module has a per-GPU half and a job-level half:
 
