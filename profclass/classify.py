@@ -21,23 +21,20 @@ is the runner-up and ``confidence = s1 / (s1 + s2)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .features import GpuFeatures
+from .tables import read_table
+
+if TYPE_CHECKING:
+    from .analyzers import GpuAnalysis
 
 WALLS = ("compute", "communication", "host", "memory")
 
 
 def load_thresholds() -> dict[str, float]:
-    text = resources.files("profclass").joinpath("data/calibration.toml").read_text()
-    return {w: float(v) for w, v in tomllib.loads(text)["thresholds"].items()}
+    return {w: float(v) for w, v in read_table("calibration")["thresholds"].items()}
 
 
 @dataclass
@@ -48,12 +45,13 @@ class Verdict:
     scores: dict[str, float]
 
 
-def gpu_walls(f: GpuFeatures) -> dict[str, int]:
+def gpu_walls(a: GpuAnalysis) -> dict[str, int]:
     """Nanoseconds of the window per wall for one GPU (they sum to the window)."""
-    memory = f.recompute_ns + f.idle_alloc_ns + f.idle_offload_ns + f.offload_exposed_ns
-    compute = f.compute_ns - f.recompute_ns + (f.exposed_copy_ns - f.offload_exposed_ns)
-    host = f.idle_ns - f.idle_alloc_ns - f.idle_offload_ns
-    return {"compute": int(compute), "communication": int(f.exposed_comm_ns), "host": int(host),
+    mem, idle = a.memory, a.idle
+    memory = mem.recompute_ns + idle.idle_alloc_ns + idle.idle_offload_ns + mem.offload_exposed_ns
+    compute = a.compute.compute_ns - mem.recompute_ns + (a.compute.exposed_copy_ns - mem.offload_exposed_ns)
+    host = idle.idle_ns - idle.idle_alloc_ns - idle.idle_offload_ns
+    return {"compute": int(compute), "communication": int(a.communication.exposed_comm_ns), "host": int(host),
             "memory": int(memory)}
 
 

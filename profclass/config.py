@@ -98,3 +98,10 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
         if flag in flags:
             cfg[key] = item(flags[flag], "command line")
     return cfg
+
+
+def config_facts(cfg: dict[str, dict]) -> dict:
+    """The configuration as the named facts ``data/fixes.toml`` tests."""
+    return dict(ep=cfg["expert_parallel"]["value"], dispatcher=cfg["dispatcher"]["value"],
+                platform=cfg["platform"]["value"], cuda_graphs=cfg["cuda_graphs"]["value"],
+                fp8=cfg["fp8"]["value"], recompute=cfg["recompute"]["value"] == "full")

@@ -76,7 +76,7 @@ def kernel_table(gpus, iterations: list[int]) -> pd.DataFrame:
     """Mean per GPU and per steady-state step of each normalised op name (kernels, copies, sets).
 
     ``gpus`` are GpuTimelines with their window set; ``iterations`` the steady iterations of
-    each. An op belongs to the window when it starts inside it, as in the features stage.
+    each. An op belongs to the window when it starts inside it, as in the analyzers.
     """
     n_gpus = max(len(gpus), 1)
     parts = []

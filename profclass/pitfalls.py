@@ -4,20 +4,15 @@ code here, so adding a rule over existing facts is a data change."""
 from __future__ import annotations
 
 import math
-from importlib import resources
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from .tables import read_table
 
 HEADROOM_SHARE = 0.6  # peak memory below this share of the card counts as ample headroom
 LONG_CONTEXT = 16384
 
 
 def load_rules() -> list[dict]:
-    text = resources.files("profclass").joinpath("data/rules.toml").read_text()
-    return tomllib.loads(text)["rule"]
+    return read_table("rules")["rule"]
 
 
 def _int(v) -> int | None:
@@ -74,7 +69,8 @@ def diff_facts(base_flags: dict, candidate_flags: dict) -> dict[str, bool]:
     return {"routing_mode_differs": a is not None and b is not None and a != b}
 
 
-def _holds(fact_values: dict[str, bool], cond: str) -> bool:
+def _condition_true(fact_values: dict[str, bool], cond: str) -> bool:
+    """A rule condition: a fact name, or ``not`` and a fact name; unknown facts are false."""
     neg = cond.startswith("not ")
     value = fact_values.get(cond[4:] if neg else cond, False)
     return not value if neg else value
@@ -86,7 +82,7 @@ def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scop
     for rule in load_rules():
         if rule.get("scope", "run") != scope:
             continue
-        if not all(_holds(fact_values, c) for c in rule["when"]):
+        if not all(_condition_true(fact_values, c) for c in rule["when"]):
             continue
         cost = rule.get("cost", "")
         if cost == "recompute_ms":

@@ -1,16 +1,15 @@
 """Per-file work and the compact per-rank summaries the cross-rank steps need.
 
-Everything up to the features (load -> timeline -> iterations -> features) depends on one
-file alone, so it runs per file: in this process, in ``--jobs N`` local processes, or on a
-Dask distributed cluster (``--scheduler ADDRESS`` or ``local``). A worker returns a
-``FileSummary``, never the DataFrames it read: per GPU the features, the steady window and
+Everything up to the per-GPU analyzers (load -> timeline -> iterations -> analyzers)
+depends on one file alone, so it runs per file (where: ``profclass.workers``). It returns a
+``FileSummary``, never the DataFrames it read: per GPU the analyzer results, the steady window and
 iterations, the communication kernels (start, end, collective: for clock alignment and
 collective matching), the compute interval set (for exposed waiting) and the per-kernel
 table rows; per file the metadata the job-level checks read. That is kilobytes to a few MB
 per rank where the export is gigabytes.
 
 Per-file work runs on the file's own clock. Clock alignment later shifts a summary's times
-(``GpuSummary.shift``); iterations and features do not depend on the clock origin.
+(``GpuSummary.on_shift``); iterations and analyzer results do not depend on the clock origin.
 """
 from __future__ import annotations
 
@@ -21,11 +20,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from . import intervals as iv
+from .analyzers import GpuAnalysis, analyse_gpu
+from .analyzers.idle import ALLOC_CALLS, SYNC_CALLS
+from .analyzers.iterations import detect_iterations
+from .clocks import shift_timeline
 from .errors import ProfileError
-from .features import ALLOC_CALLS, SYNC_CALLS, GpuFeatures, compute_features
 from .kernel_table import gpu_kernel_agg
 from .load import load
-from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, detect_iterations, iter_gpus
+from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, iter_gpus
 
 # the CUDA API calls any later stage reads (launches for the launch join, allocator and sync
 # calls for the idle split, graph launches): the loader keeps only these (filtered in SQLite)
@@ -63,7 +65,7 @@ class GpuSummary:
     window: tuple[int, int]
     window_source: str
     iterations: pd.DataFrame
-    features: GpuFeatures
+    analysis: GpuAnalysis
     ops: pd.DataFrame
     compute: iv.IntervalSet  # compute kernels over the whole capture
     kernel_agg: pd.DataFrame  # per (full_name, op) in the window: count, ns (see kernel_table)
@@ -81,9 +83,8 @@ class GpuSummary:
         self.iterations = _shift_iterations(self.iterations, off)
         self.compute = (self.compute[0] + off, self.compute[1] + off)
         if self.timeline is not None:
-            from .comm import _shift
             tl = self.timeline
-            _shift(tl, off)
+            shift_timeline(tl, off)
             tl.window = self.window
             tl.iterations = self.iterations
 
@@ -105,22 +106,22 @@ def _shift_iterations(its: pd.DataFrame, off: int) -> pd.DataFrame:
 
 def summarise_profile(prof, source: int, iteration_regex: str | None,
                       keep_timelines: bool = False) -> FileSummary:
-    """load -> timeline -> iterations -> features for one loaded export."""
+    """timeline -> iterations -> per-GPU analyzers for one loaded export."""
     ops = build_ops(prof)
     config_ops = ops[CONFIG_COLUMNS].astype({"library": str, "collective": str}).drop_duplicates()
-    # the per-table frames are in ops now; features read only these small ones of the profile
+    # the per-table frames are in ops now; analyzers read only these small ones of the profile
     prof.kernels = prof.kernels[["device"]].drop_duplicates()
     prof.memcpy = prof.memset = prof.memcpy.iloc[:0]
     gpus = []
     for g in iter_gpus(prof, source, ops):
         detect_iterations(g, iteration_regex)
-        feats = compute_features(g, prof)
+        analysis = analyse_gpu(g, prof)
         o = g.ops
         comp = o[(o["op"] == "kernel") & ~o["is_comm"]]
         comm = o[o["is_comm"] & (o["op"] == "kernel")]
         gpus.append(GpuSummary(
             source=source, path=g.path, pid=g.pid, device=g.device, rank=g.rank, window=g.window,
-            window_source=g.window_source, iterations=g.iterations, features=feats,
+            window_source=g.window_source, iterations=g.iterations, analysis=analysis,
             ops=comm[COMM_COLUMNS].reset_index(drop=True),
             compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
             kernel_agg=gpu_kernel_agg(g.ops, g.window),
@@ -156,63 +157,24 @@ def _summarise_sqlite(given, sqlite, source, iteration_regex, keep_timelines) ->
     return summarise_profile(prof, source, iteration_regex, keep_timelines)
 
 
-def _task(args) -> FileSummary:
-    return summarise_file(*args)
-
-
-def summarise_files(files, iteration_regex: str | None = None, jobs: int = 1,
-                    scheduler: str | None = None, keep_timelines: bool = False,
-                    progress=None) -> list[FileSummary]:
-    """Summaries of every resolved input file, in input order.
-
-    ``jobs`` > 1: that many local worker processes. ``scheduler``: a Dask distributed
-    scheduler address (``tcp://host:8786``) or ``local`` (a LocalCluster on this machine with
-    ``jobs`` workers). Timelines are kept only in the single-process run.
-    """
-    tasks = [(f.given, f.sqlite, src, iteration_regex) for src, f in enumerate(files)]
-    if scheduler:
-        return _on_dask(tasks, scheduler, jobs, progress)
-    if jobs > 1 and len(tasks) > 1:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-        # spawn, not fork: the parent may hold threads (Arrow, BLAS) that fork would copy mid-lock
-        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(tasks)),
-                                    mp_context=mp.get_context("spawn")) as pool:
-            out = []
-            for i, s in enumerate(pool.map(_task, tasks)):
-                if progress:
-                    progress(f"summarised {files[i].given}", (i + 1) / len(files))
-                out.append(s)
-            return out
-    out = []
-    for src, f in enumerate(files):
-        if progress:
-            progress(f"loading {f.given}", src / len(files))
-        out.append(summarise_file(f.given, f.sqlite, src, iteration_regex, keep_timelines))
-    return out
-
-
-def _on_dask(tasks, scheduler: str, jobs: int, progress) -> list[FileSummary]:
-    try:
-        from dask.distributed import Client, LocalCluster
-    except ImportError:
-        raise ProfileError("--scheduler", "needs Dask distributed: pip install 'profclass[dask]'") from None
-    cluster = None
-    if scheduler == "local":
-        cluster = LocalCluster(n_workers=max(jobs, 1), threads_per_worker=1, processes=True,
-                               dashboard_address=None)
-        client = Client(cluster)
-    else:
-        try:
-            client = Client(scheduler, timeout="30s")
-        except (OSError, TimeoutError) as exc:
-            raise ProfileError("--scheduler", f"cannot reach Dask scheduler {scheduler} ({exc})") from None
-    try:
-        if progress:
-            progress(f"running {len(tasks)} file(s) on Dask ({scheduler})")
-        futures = client.map(_task, tasks, pure=False)
-        return client.gather(futures)
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+def assign_ranks(gpus: list[GpuSummary], profiles: list[ProfileMeta], hints) -> None:
+    """Each GPU's rank: the captured RANK of its report, else the rank in the file name
+    (``hints``), else (report, device) order; duplicates are renumbered in rank order."""
+    sources = sorted({g.source for g in gpus})
+    if len(sources) > 1:  # one report per rank: the captured RANK, else the file name
+        for g in gpus:
+            env_rank = profiles[g.source].env.get("RANK")
+            if env_rank is not None and str(env_rank).isdigit():
+                g.rank = int(env_rank)
+            elif hints[g.source] is not None:
+                g.rank = hints[g.source]
+    if any(g.rank is None for g in gpus):
+        # one report holding every rank (torchrun on one node: rank follows the device), or
+        # no better source: by (report, device) order
+        order = sorted(range(len(gpus)), key=lambda i: (gpus[i].source, gpus[i].device, gpus[i].pid))
+        for r, i in enumerate(order):
+            gpus[i].rank = r
+    ranks = [g.rank for g in gpus]
+    if len(set(ranks)) != len(ranks):
+        for r, i in enumerate(sorted(range(len(gpus)), key=lambda i: (ranks[i], gpus[i].source))):
+            gpus[i].rank = r

@@ -3,14 +3,17 @@
 Each timeline has fewer than 20 kernels and no NVTX, so the window is the whole capture
 (first op start to last op end); every expected number below is read off the construction.
 """
+from types import SimpleNamespace
+
 import pytest
 
 import profclass
 from nsys_builder import NsysExportBuilder
+from profclass.analyzers import analyse_gpu, feature_record
+from profclass.analyzers.iterations import detect_iterations
 from profclass.classify import gpu_walls
-from profclass.features import compute_features
 from profclass.load import load
-from profclass.timeline import build_ops, detect_iterations, split_gpus
+from profclass.timeline import build_ops, split_gpus
 
 U = 1_000_000  # 1 ms: far wider than the 50 us slack the idle split allows around calls
 B = 1_000_000_000
@@ -24,7 +27,9 @@ def features_of(path):
     prof = load(str(path))
     (g,) = split_gpus(prof, 0, build_ops(prof))
     detect_iterations(g, None)
-    return g, compute_features(g, prof)
+    a = analyse_gpu(g, prof)
+    # every analyzer's fields flat, as the JSON ``features`` has them; ``analysis`` for classify
+    return g, SimpleNamespace(**feature_record(a), analysis=a)
 
 
 def at(x_ms: float) -> int:
@@ -85,7 +90,7 @@ def test_idle_split_exact(idle_profile):
 
 def test_walls_sum_to_window_and_job_shares(idle_profile):
     _, f = features_of(idle_profile)
-    walls = gpu_walls(f)
+    walls = gpu_walls(f.analysis)
     # memory = alloc + offload idle; host = the rest of the idle; compute = kernels
     assert walls == {"compute": 6 * U, "communication": 0, "host": 12 * U, "memory": 3 * U}
     d = profclass.diagnose(str(idle_profile))
@@ -144,7 +149,7 @@ def test_exposed_vs_overlapped_communication(comm_profile):
     assert f.comm_libraries == {"nccl": 2, "deepep": 1}
     # idle: [15U, 16U) and [17U, 20U)
     assert f.idle_ns == 4 * U
-    assert gpu_walls(f) == {"compute": 12 * U, "communication": 6 * U, "host": 4 * U, "memory": 0}
+    assert gpu_walls(f.analysis) == {"compute": 12 * U, "communication": 6 * U, "host": 4 * U, "memory": 0}
 
 
 def test_single_rank_collectives_are_all_transfer(comm_profile):

@@ -13,9 +13,10 @@ import zstandard
 
 from conftest import profile_path
 from profclass import intervals as iv
-from profclass.features import compute_features
+from profclass.analyzers import analyse_gpu
+from profclass.analyzers.iterations import detect_iterations
 from profclass.load import load
-from profclass.timeline import build_ops, detect_iterations, split_gpus
+from profclass.timeline import build_ops, split_gpus
 
 NAMES = ["compute_1gpu", "comm_4gpu"]
 GAP_MS = 1  # gpu_gaps' threshold (integer milliseconds; the rule's default is 500)
@@ -93,7 +94,7 @@ def test_window_idle_covers_nsys_gaps_inside_it(name, nsys, export):
     checked = 0
     for g in split_gpus(prof, 0, build_ops(prof)):
         detect_iterations(g, None)
-        f = compute_features(g, prof)
+        f = analyse_gpu(g, prof).idle
         lo, hi = g.window
         mine = ref[(ref["PID"] == g.pid) & (ref["Device ID"] == g.device)]
         s = mine["Start (ns)"].to_numpy(np.int64)

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from nsys_builder import NsysExportBuilder
+from profclass.analyzers.iterations import detect_iterations
 from profclass.load import load
-from profclass.timeline import build_ops, detect_iterations, split_gpus
+from profclass.timeline import build_ops, split_gpus
 
 MS = 1_000_000
 T0 = 5_000_000_000  # timestamps on a realistic clock, far from 0

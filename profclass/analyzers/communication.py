@@ -1,0 +1,240 @@
+"""Analyzer: communication. Per GPU, how much communication compute hides (by collective and
+library); across ranks, collective matching and wait vs transfer.
+
+A rank inside a collective is partly moving data and partly waiting for the last peer to
+arrive. For each collective instance matched across ranks, ``wait = last arrival - own
+arrival`` (capped at the rank's own end) and the rest is transfer. Waiting is a symptom: the
+rank that arrives last (the straggler) is where the time is really lost, so each instance's
+delay (last arrival minus the median arrival) is *blamed* on the last arriver (the
+``stragglers`` analyzer reads the blame).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import intervals as iv
+from ..kernels import COLLECTIVE_GROUP, COLLECTIVE_TYPES
+from ..timeline import GpuTimeline, comm_kernels
+from .job import Job, evidence_row, mean_per_step_ms
+from .sets import WindowSets, clipped_set
+
+EP_COLLECTIVES = ("all_to_all",)
+DP_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+DP_EXPOSED_MIN = 0.02  # exposed DP collectives above this share of the step are worth overlapping
+COMM_WAIT_MIN = 0.05  # waiting for peers above this share of the step, with no straggler
+
+
+@dataclass
+class RankComm:
+    wait_ns: int = 0
+    exposed_wait_ns: int = 0
+    transfer_ns: int = 0
+    exposed_transfer_ns: int = 0
+    blame_ns: int = 0
+    by_type: dict = field(default_factory=dict)  # type -> dict(wait_ns, transfer_ns, exposed_*)
+
+
+@dataclass
+class CommAnalysis:
+    ranks: list[RankComm]
+    collectives: list[dict]  # one row per collective type (job level, ms per step)
+    matched_instances: int = 0
+
+
+@dataclass
+class CommResult:
+    """One GPU's communication over its window, against its own compute (no peers needed)."""
+
+    comm_ns: int = 0  # |M|
+    exposed_comm_ns: int = 0  # |M - C|
+    overlapped_comm_ns: int = 0  # |M & C|
+    comm_by_type_ns: dict[str, int] = field(default_factory=dict)
+    exposed_comm_by_type_ns: dict[str, int] = field(default_factory=dict)
+    comm_libraries: dict[str, int] = field(default_factory=dict)  # kernels per library
+
+
+def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> CommResult:
+    C, M, comm = sets.compute, sets.comm, sets.comm_ops
+    r = CommResult(comm_ns=iv.total(M), overlapped_comm_ns=iv.total(iv.intersect(M, C)))
+    r.exposed_comm_ns = r.comm_ns - r.overlapped_comm_ns
+    for ctype in COLLECTIVE_TYPES:
+        sub = comm[comm["collective"] == ctype]
+        if sub.empty:
+            continue
+        Mt = clipped_set(sub, sets.lo, sets.hi)
+        r.comm_by_type_ns[ctype] = iv.total(Mt)
+        r.exposed_comm_by_type_ns[ctype] = iv.total(iv.subtract(Mt, C))
+    r.comm_libraries = {str(k): int(v) for k, v in comm.groupby("library", observed=True).size().items()}
+    return r
+
+
+def _match(gpus: list[GpuTimeline], ctype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Start/end matrices [instance, gpu] of one collective type, matched by order.
+
+    Every rank runs the same program, so the k-th collective of a type on one rank is the
+    k-th on every other (per type). When counts differ (a capture that started mid-step),
+    the sequences are aligned at their ends by nearest end time to the shortest one.
+    """
+    seqs = []
+    for g in gpus:
+        k = comm_kernels(g)
+        k = k[k["collective"] == ctype]
+        seqs.append((k["start"].to_numpy(), k["end"].to_numpy()))
+    n = min(len(s[0]) for s in seqs)
+    if n == 0:
+        return np.empty((0, len(gpus)), np.int64), np.empty((0, len(gpus)), np.int64)
+    shortest = min(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+    ref_end = seqs[shortest][1]
+    S = np.empty((n, len(gpus)), np.int64)
+    E = np.empty((n, len(gpus)), np.int64)
+    for j, (s, e) in enumerate(seqs):
+        if len(s) == n:
+            S[:, j], E[:, j] = s, e
+        else:
+            idx = np.clip(np.searchsorted(e, ref_end), 0, len(e) - 1)
+            prev = np.clip(idx - 1, 0, len(e) - 1)
+            idx = np.where(np.abs(e[prev] - ref_end) < np.abs(e[idx] - ref_end), prev, idx)
+            S[:, j], E[:, j] = s[idx], e[idx]
+    return S, E
+
+
+def analyse_ranks(job: Job) -> CommAnalysis:
+    """Match collectives across ranks; sets each record's ``comm`` (wait vs transfer)."""
+    gpus = [r.gpu for r in job.records]
+    compute_sets = [g.compute for g in gpus]  # compute kernels over the whole capture
+    iterations = [r.iterations for r in job.records]
+    ranks = [RankComm() for _ in gpus]
+    for rec, rc in zip(job.records, ranks):
+        rec.comm = rc
+    if len(gpus) < 2:
+        return CommAnalysis(ranks, _single_rows(gpus, compute_sets, iterations), 0)
+    rows, matched = [], 0
+    types = sorted(set().union(*[set(comm_kernels(g)["collective"]) for g in gpus]))
+    for ctype in types:
+        S, E = _match(gpus, ctype)
+        if S.size == 0:
+            continue
+        row = _match_row(ctype, S, E, gpus, compute_sets, iterations, ranks)
+        matched += len(S)
+        rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
+    return CommAnalysis(ranks, rows, matched)
+
+
+def _match_row(ctype, S, E, gpus, compute_sets, iterations, ranks) -> dict:
+    """One collective type's job row (ms per step); adds its wait/transfer/blame to ``ranks``."""
+    last = S.max(axis=1)
+    wait = np.clip(np.minimum(last[:, None], E) - S, 0, None)
+    blame_each = last - np.median(S, axis=1)
+    who = S.argmax(axis=1)
+    row = dict(collective=ctype, group=COLLECTIVE_GROUP.get(ctype, "other"), instances=0,
+               transfer_ms_per_step=0.0, wait_ms_per_step=0.0, exposed_transfer_ms_per_step=0.0,
+               exposed_wait_ms_per_step=0.0, overlapped_ms_per_step=0.0)
+    n = len(gpus)
+    for j, g in enumerate(gpus):
+        lo, hi = g.window
+        inside = (S[:, j] >= lo) & (S[:, j] < hi)
+        if not inside.any():
+            continue
+        s, e, w = S[inside, j], E[inside, j], wait[inside, j]
+        covered = iv.measure_within(compute_sets[j], s, e)
+        covered_wait = iv.measure_within(compute_sets[j], s, s + w)
+        t = (e - s) - w
+        exposed_wait = (w - covered_wait).sum()
+        exposed_transfer = (t - (covered - covered_wait)).clip(min=0).sum()
+        rc = ranks[j]
+        rc.wait_ns += int(w.sum())
+        rc.transfer_ns += int(t.sum())
+        rc.exposed_wait_ns += int(exposed_wait)
+        rc.exposed_transfer_ns += int(exposed_transfer)
+        rc.by_type[ctype] = dict(wait_ns=int(w.sum()), transfer_ns=int(t.sum()),
+                                 exposed_wait_ns=int(exposed_wait), exposed_transfer_ns=int(exposed_transfer))
+        its = max(iterations[j], 1)
+        row["instances"] = max(row["instances"], int(inside.sum()))
+        row["transfer_ms_per_step"] += t.sum() / its / n / 1e6
+        row["wait_ms_per_step"] += w.sum() / its / n / 1e6
+        row["exposed_wait_ms_per_step"] += exposed_wait / its / n / 1e6
+        row["exposed_transfer_ms_per_step"] += exposed_transfer / its / n / 1e6
+        row["overlapped_ms_per_step"] += covered.sum() / its / n / 1e6
+        # blame only instances inside this rank's window, counted once (by the blamed rank)
+        rc.blame_ns += int(blame_each[inside & (who == j)].sum())
+    return row
+
+
+def _single_rows(gpus, compute_sets, iterations) -> list[dict]:
+    """One rank: no peers to wait for, everything inside a collective counts as transfer."""
+    rows = []
+    for j, g in enumerate(gpus):
+        k = comm_kernels(g)
+        lo, hi = g.window
+        k = k[(k["start"] >= lo) & (k["start"] < hi)]
+        for ctype, sub in k.groupby("collective", observed=True):
+            s, e = sub["start"].to_numpy(), sub["end"].to_numpy()
+            cov = iv.measure_within(compute_sets[j], s, e)
+            its = max(iterations[j], 1)
+            rows.append(dict(collective=ctype, group=COLLECTIVE_GROUP.get(ctype, "other"),
+                             instances=len(sub), transfer_ms_per_step=round((e - s).sum() / its / 1e6, 3),
+                             wait_ms_per_step=0.0,
+                             exposed_transfer_ms_per_step=round(((e - s) - cov).sum() / its / 1e6, 3),
+                             exposed_wait_ms_per_step=0.0,
+                             overlapped_ms_per_step=round(cov.sum() / its / 1e6, 3)))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# job level
+
+# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+GAINS = {
+    "exposed_ep_transfer": lambda n: n["exposed_ep_ms"],
+    # EP overlap hides the all-to-all behind other compute: at most the smaller of the two
+    "exposed_ep_transfer_hideable": lambda n: min(n["exposed_ep_ms"], n["compute_ms"]),
+    "exposed_dp": lambda n: n["exposed_dp_ms"],
+    "exposed_tp": lambda n: 0.0,
+    "exposed_comm_wait": lambda n: n["comm_wait_ms"],
+}
+
+def exposed_ms(job: Job, types: tuple[str, ...], transfer_only: bool) -> float:
+    """Exposed time of these collectives, ms per step (transfer only: without peer waiting).
+
+    Exposed time is the per-GPU half's (collective time compute does not hide); the matched
+    half only says how much of it was waiting for peers (none for a lone rank, or one whose
+    collectives matched none of its peers').
+    """
+    vals = []
+    for rec in job.records:
+        exposed = rec.analysis.communication.exposed_comm_by_type_ns
+        v = sum(exposed.get(t, 0) for t in types)
+        if transfer_only:
+            v -= sum(rec.comm.by_type.get(t, {}).get("exposed_wait_ns", 0) for t in types)
+        vals.append(max(v, 0) / rec.iterations)
+    return float(np.mean(vals)) / 1e6 if vals else 0.0
+
+
+def numbers(job: Job) -> dict:
+    comm_wait_ms = float(np.mean([r.comm.exposed_wait_ns / r.iterations for r in job.records])) / 1e6
+    return dict(comm_wait_ms=comm_wait_ms, exposed_ep_ms=exposed_ms(job, EP_COLLECTIVES, True),
+                exposed_dp_ms=exposed_ms(job, DP_COLLECTIVES, False))
+
+
+def facts(job: Job, numbers: dict) -> dict:
+    return dict(
+        dp_comm_exposed=numbers["exposed_dp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
+        comm_wait_dominant=bool(not job.stragglers and numbers["comm_wait_ms"] > numbers["exposed_ep_ms"]
+                                and numbers["comm_wait_ms"] >= COMM_WAIT_MIN * job.step_ms),
+        tp_comm_exposed=False)
+
+
+def evidence(job: Job, numbers: dict) -> list[dict]:
+    ev = [evidence_row("communication", "exposed communication",
+                       mean_per_step_ms(job, lambda a: a.communication.exposed_comm_ns), "ms/step",
+                       "communication not overlapped by compute"),
+          evidence_row("communication", "overlapped communication",
+                       mean_per_step_ms(job, lambda a: a.communication.overlapped_comm_ns), "ms/step",
+                       "communication hidden under compute")]
+    for c in job.comm.collectives:
+        ev.append(evidence_row("communication", f"{c['collective']} exposed transfer",
+                               c["exposed_transfer_ms_per_step"], "ms/step",
+                               f"{c['group']} group; wait {c['exposed_wait_ms_per_step']} ms/step"))
+    return ev

@@ -1,0 +1,109 @@
+"""Analyzer: compute kernels, GEMMs, SM utilisation and the other exposed copies."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import intervals as iv
+from ..timeline import GpuTimeline
+from .job import Job, evidence_row, mean_per_step_ms
+from .sets import WindowSets, clipped_set
+
+SMALL_GEMMS_SM_BUSY = 0.6  # SMs busier than this while compute runs: kernels fill the GPU
+SMALL_GEMMS_KERNELS_PER_STEP = 2000
+
+
+@dataclass
+class ComputeResult:
+    compute_ns: int = 0  # |C|
+    gemm_ns: int = 0
+    exposed_copy_ns: int = 0  # |X - C - M|: copies and memsets nothing hides
+    fp8_kernels: int = 0
+    sm_active: float | None = None
+    sm_active_estimate: float | None = None
+    sm_active_source: str = ""
+    tensor_active: float | None = None
+
+
+def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ComputeResult:
+    comp = sets.compute_ops
+    r = ComputeResult(compute_ns=iv.total(sets.compute),
+                      gemm_ns=iv.total(clipped_set(comp[comp["is_gemm"]], sets.lo, sets.hi)),
+                      exposed_copy_ns=iv.total(iv.subtract(sets.copies, sets.compute_or_comm)),
+                      fp8_kernels=int(sets.kernels["is_fp8"].sum()))
+    _utilisation(r, gpu, prof, sets)
+    return r
+
+
+def _utilisation(r: ComputeResult, gpu, prof, sets: WindowSets) -> None:
+    comp, lo, hi = sets.compute_ops, sets.lo, sets.hi
+    sm_count = _sm_count(gpu, prof)
+    busy = r.compute_ns
+    if sm_count and busy and not comp.empty:
+        # occupancy proxy: share of SMs a kernel's grid can cover, weighted by kernel time,
+        # over the window (idle and exposed communication count as 0)
+        dur = (np.minimum(comp["end"], hi) - np.maximum(comp["start"], lo)).clip(lower=0).to_numpy()
+        cover = np.minimum(1.0, comp["grid"].to_numpy() / sm_count)
+        r.sm_active_estimate = float((dur * cover).sum() / max(dur.sum(), 1)) * busy / max(hi - lo, 1)
+        r.sm_active = r.sm_active_estimate
+        r.sm_active_source = "estimate: grid size vs SM count, weighted by kernel time"
+    gm = prof.gpu_metrics
+    if not gm.empty:
+        dev = gm[(gm["device"] == _metric_device(gpu, prof)) & (gm["timestamp"] >= lo) & (gm["timestamp"] < hi)]
+        sm = dev[dev["metric"] == "sm_active"]["value"]
+        if len(sm):
+            r.sm_active = float(sm.mean()) / 100.0
+            r.sm_active_source = "GPU_METRICS SMs Active (mean over the window)"
+            ta = dev[dev["metric"] == "tensor_active"]["value"]
+            r.tensor_active = float(ta.mean()) / 100.0 if len(ta) else None
+
+
+def _sm_count(gpu, prof) -> int:
+    g = prof.gpus[prof.gpus["device"] == gpu.device]
+    return int(g["sm_count"].iloc[0]) if len(g) and g["sm_count"].iloc[0] > 0 else 0
+
+
+def _metric_device(gpu, prof) -> int:
+    # GPU metrics number sources 0..n-1; with one GPU in the report that is this GPU
+    devs = sorted(prof.kernels["device"].unique())
+    return devs.index(gpu.device) if gpu.device in devs else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# job level
+
+# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+GAINS = {
+    "compute_low_sm": lambda n: n["compute_ms"] * max(0.0, 1.0 - n["sm_busy"]),
+    "compute_elementwise": lambda n: n["elementwise_ms"],
+    "compute_gemm_half": lambda n: n["gemm_ms"] / 2.0,
+}
+
+def numbers(job: Job) -> dict:
+    comp_ms = mean_per_step_ms(job, lambda a: a.compute.compute_ns)
+    gemm_ms = mean_per_step_ms(job, lambda a: a.compute.gemm_ns)
+    sm_busy = []
+    for rec in job.records:
+        c, window_ns = rec.analysis.compute, rec.analysis.window.window_ns
+        if c.sm_active is not None and c.compute_ns:
+            sm_busy.append(min(1.0, c.sm_active * window_ns / c.compute_ns))
+    return dict(compute_ms=comp_ms, gemm_ms=gemm_ms, elementwise_ms=max(0.0, comp_ms - gemm_ms),
+                sm_busy=float(np.mean(sm_busy)) if sm_busy else 1.0)
+
+
+def facts(job: Job, numbers: dict) -> dict:
+    kern_per_step = np.mean([r.analysis.host.kernels / r.iterations for r in job.records])
+    return dict(many_small_gemms=bool(numbers["sm_busy"] < SMALL_GEMMS_SM_BUSY
+                                      or kern_per_step > SMALL_GEMMS_KERNELS_PER_STEP))
+
+
+def evidence(job: Job, numbers: dict) -> list[dict]:
+    ev = [evidence_row("compute", "compute kernels", numbers["compute_ms"], "ms/step",
+                       "union of compute kernel time"),
+          evidence_row("compute", "GEMM kernels", numbers["gemm_ms"], "ms/step", "GEMM-type kernels")]
+    sm = [r.analysis.compute.sm_active for r in job.records if r.analysis.compute.sm_active is not None]
+    if sm:
+        ev.append(evidence_row("compute", "SM active", float(np.mean(sm)), "fraction",
+                               job.records[0].analysis.compute.sm_active_source))
+    return ev

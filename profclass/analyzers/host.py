@@ -1,0 +1,61 @@
+"""Analyzer: what the host costs beyond idle gaps: launch-bound kernels, CUDA graphs, GC."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import intervals as iv
+from ..timeline import GpuTimeline
+from .job import Job, evidence_row, mean_per_step_ms
+from .sets import WindowSets, clipped_set, name_matches
+
+GRAPH_LAUNCH = re.compile(r"cudaGraphLaunch|cuGraphLaunch")  # str.startswith, as a match
+GC_RANGES = re.compile(r"(?:^|\W)(?:gc|garbage|collect)(?:\W|$)", re.I)
+LAUNCH_BOUND_SHARE = 0.2  # this share of kernels shorter than their launch: launch-bound
+
+
+@dataclass
+class HostResult:
+    kernels: int = 0  # kernels in the window
+    launch_bound_kernels: int = 0  # kernels shorter than the CUDA call that launched them
+    launch_bound_kernel_ns: int = 0
+    graph_kernels: int = 0
+    graph_launches: int = 0
+    gc_ns: int = 0  # inside NVTX ranges named like garbage collection
+
+
+def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
+    kern, lo, hi = sets.kernels, sets.lo, sets.hi
+    lb = kern[(kern["launch_start"] >= 0)
+              & ((kern["end"] - kern["start"]) < (kern["launch_end"] - kern["launch_start"]))]
+    rt = gpu.runtime
+    in_w = rt[(rt["start"] < hi) & (rt["end"] > lo)]
+    gcr = gpu.nvtx[gpu.nvtx["text"].astype(str).str.contains(GC_RANGES)]
+    return HostResult(kernels=int(len(kern)), launch_bound_kernels=int(len(lb)),
+                      launch_bound_kernel_ns=int((lb["end"] - lb["start"]).sum()),
+                      graph_kernels=int((kern["graph_node"] != 0).sum()),
+                      graph_launches=int(name_matches(in_w["name"], GRAPH_LAUNCH).sum()),
+                      gc_ns=iv.total(clipped_set(gcr, lo, hi)) if not gcr.empty else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# job level
+
+# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+GAINS = {"gc": lambda n: min(n["gc_ms"], n["host_ms"])}
+
+def numbers(job: Job) -> dict:
+    return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns), host_ms=job.walls_ns["host"] / 1e6)
+
+
+def facts(job: Job, numbers: dict) -> dict:
+    lb = np.mean([r.analysis.host.launch_bound_kernels / max(r.analysis.host.kernels, 1) for r in job.records])
+    return dict(launch_bound_kernels=bool(lb >= LAUNCH_BOUND_SHARE))
+
+
+def evidence(job: Job, numbers: dict) -> list[dict]:
+    per_step = float(np.mean([r.analysis.host.launch_bound_kernels / r.iterations for r in job.records]))
+    return [evidence_row("host", "kernels shorter than their launch", per_step, "per step",
+                         "launch-bound kernels")]

@@ -1,0 +1,58 @@
+"""What several analyzers measure against: one GPU's ops inside the steady-state window W and
+their interval sets (see ``profclass.intervals``), built once per GPU.
+
+C = compute kernels, M = communication kernels (NCCL, DeepEP, HybridEP, NVSHMEM, peer
+copies), X = other copies and memsets; busy = C | M | X and idle = W - busy, so
+
+    |W| = |C| + |M - C| + |X - C - M| + idle
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import intervals as iv
+from ..timeline import GpuTimeline
+
+
+@dataclass
+class WindowSets:
+    lo: int
+    hi: int
+    kernels: pd.DataFrame  # kernels overlapping W
+    compute_ops: pd.DataFrame
+    comm_ops: pd.DataFrame
+    copy_ops: pd.DataFrame  # copies and memsets that are not communication
+    compute: iv.IntervalSet  # C, clipped to W
+    comm: iv.IntervalSet  # M
+    copies: iv.IntervalSet  # X
+    compute_or_comm: iv.IntervalSet  # C | M
+
+
+def clipped_set(df: pd.DataFrame, lo: int, hi: int) -> iv.IntervalSet:
+    """The union of the rows' [start, end) clipped to [lo, hi]."""
+    return iv.clip(iv.union(df["start"].to_numpy(), df["end"].to_numpy()), lo, hi)
+
+
+def window_sets(gpu: GpuTimeline) -> WindowSets:
+    lo, hi = gpu.window
+    ops = gpu.ops[(gpu.ops["end"] > lo) & (gpu.ops["start"] < hi)]
+    kern = ops[ops["op"] == "kernel"]
+    comp = kern[~kern["is_comm"]]
+    comm = ops[ops["is_comm"]]
+    copies = ops[(ops["op"] != "kernel") & ~ops["is_comm"]]
+    C, M = clipped_set(comp, lo, hi), clipped_set(comm, lo, hi)
+    return WindowSets(lo=lo, hi=hi, kernels=kern, compute_ops=comp, comm_ops=comm, copy_ops=copies,
+                      compute=C, comm=M, copies=clipped_set(copies, lo, hi),
+                      compute_or_comm=iv.union(np.r_[C[0], M[0]], np.r_[C[1], M[1]]))
+
+
+def name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """``names.str.match(pattern)`` as a bool array; for a categorical, once per category."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        hit = np.array([bool(pattern.match(str(c))) for c in names.cat.categories] + [False], bool)
+        return hit[names.cat.codes.to_numpy()]  # code -1 (missing) takes the trailing False
+    return np.asarray(names.astype(str).str.match(pattern), bool)

@@ -1,0 +1,90 @@
+"""Analyzer: stragglers, the ranks the others wait for.
+
+The communication analyzer blames each matched collective's delay (last arrival minus the
+median arrival) on the last arriver. A rank is a straggler when it causes most of that
+delay, the delay is a sizeable share of the step and its peers really wait for it. Why it
+is late (the wall it spends more time in than its peers) is classify's call; this module
+words it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .job import Job
+
+STRAGGLER_BLAME_SHARE = 0.5  # a straggler causes at least half of all blamed delay...
+# ...costs at least this share of the step (corpus: balanced runs 5-10%, stragglers >= 22%)...
+STRAGGLER_MIN_COST = 0.15
+STRAGGLER_MIN_WAIT = 0.05  # ...and the others wait at least this share of the step for it
+REASON_OF_WALL = {"compute": "imbalance", "host": "host", "memory": "memory"}
+
+
+def find(job: Job) -> list[dict]:
+    """Blamed ranks, most blamed first: gpu (record index), blame_ms_per_step, blame_share,
+    others_wait_ms_per_step. Needs the communication analyzer's ``rec.comm``."""
+    recs = job.records
+    its = [r.iterations for r in recs]
+    blame = np.array([r.comm.blame_ns / it for r, it in zip(recs, its)], dtype=float)
+    total = blame.sum()
+    if total <= 0:
+        return []
+    steps = np.array([r.gpu.window[1] - r.gpu.window[0] for r in recs], float) / np.maximum(its, 1)
+    step = np.median(steps)
+    out = []
+    for j in np.argsort(-blame):
+        share = blame[j] / total
+        others = [k for k in range(len(recs)) if k != j]
+        waited = np.mean([recs[k].comm.exposed_wait_ns / its[k] for k in others]) if others else 0
+        if (share >= STRAGGLER_BLAME_SHARE and blame[j] >= STRAGGLER_MIN_COST * step
+                and waited >= STRAGGLER_MIN_WAIT * step):
+            out.append(dict(gpu=int(j), blame_ms_per_step=round(blame[j] / 1e6, 3),
+                            blame_share=round(float(share), 3),
+                            others_wait_ms_per_step=round(float(waited) / 1e6, 3)))
+    return out
+
+
+def straggler_rows(job: Job, blamed: list[dict], late_walls: list[tuple[str, float]]) -> list[dict]:
+    """The Diagnosis ``stragglers``; ``late_walls`` is classify's (wall, excess ns per step)
+    of each blamed rank."""
+    rows = []
+    for s, (wall, excess) in zip(blamed, late_walls):
+        g = job.records[s["gpu"]].gpu
+        rows.append(dict(pid=g.pid, device=g.device, rank=g.rank, reason=REASON_OF_WALL[wall],
+                         detail=_detail(job, s["gpu"], wall, excess),
+                         cost_ms_per_step=s["blame_ms_per_step"],
+                         others_wait_ms_per_step=s["others_wait_ms_per_step"],
+                         blame_share=s["blame_share"]))
+    return rows
+
+
+def _detail(job: Job, j: int, wall: str, excess: float) -> str:
+    me = job.records[j]
+    others = [r for k, r in enumerate(job.records) if k != j]
+    if wall == "compute":
+        med_gemm = float(np.median([r.analysis.compute.gemm_ns / r.iterations for r in others]))
+        return (f"{excess / 1e6:.1f} ms/step more compute than its peers' median, "
+                f"{me.analysis.compute.gemm_ns / me.iterations / 1e6:.1f} vs {med_gemm / 1e6:.1f} ms/step "
+                f"of GEMMs (expert load / routing imbalance)")
+    if wall == "host":
+        med_idle = float(np.median([r.analysis.idle.idle_ns / r.iterations for r in others]))
+        return (f"host-bound: {excess / 1e6:.1f} ms/step more GPU idle than its peers "
+                f"({me.analysis.idle.idle_ns / me.iterations / 1e6:.1f} vs {med_idle / 1e6:.1f} ms/step)")
+    return f"memory: {excess / 1e6:.1f} ms/step more recompute/allocator/offload time than its peers"
+
+
+# ---------------------------------------------------------------------------------------------
+# job level
+
+# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+GAINS = {"straggler_wait": lambda n: n["straggler_wait_ms"]}
+
+def numbers(job: Job) -> dict:
+    return dict(straggler_wait_ms=sum(s["others_wait_ms_per_step"] for s in job.stragglers))
+
+
+def facts(job: Job, numbers: dict) -> dict:
+    return dict(straggler_reason=job.stragglers[0]["reason"] if job.stragglers else None)
+
+
+def evidence(job: Job, numbers: dict) -> list[dict]:
+    return []
