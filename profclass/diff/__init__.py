@@ -14,6 +14,9 @@ an already computed ``Diagnosis``, or a stored diagnosis JSON) and reports:
 - changes in the communication pattern (collective mix, dispatcher, libraries, overlap) and in
   the configuration visible in the profiles (CUDA graphs, FP8, recompute, command-line flags);
 - a one-sentence verdict naming the wall that explains most of the change.
+
+The package: ``saved`` (each side as a Diagnosis), ``stats`` (the step test), ``compare`` (the
+analysis and ``DiffResult``), ``render`` (one line, text, Markdown).
 """
 from __future__ import annotations
 
