@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
+from .formatting import by_rank
 from .kernels import COLLECTIVE_TYPES
 from .timeline import GpuTimeline
 
@@ -272,7 +273,7 @@ def walls_figure(d, width_in: float = 9.0):
     """A stacked horizontal bar per rank of the steady-state step (ms) split by wall."""
     from .classify import WALLS
     plt = _pyplot()
-    devs = sorted(d.devices, key=lambda x: (x["rank"] is None, x["rank"]))
+    devs = by_rank(d.devices)
     labels = [f"rank {x['rank']} / GPU {x['device']}" for x in devs]
     fig, ax = plt.subplots(figsize=(width_in, 0.9 + 0.42 * len(devs)), dpi=100)
     left = np.zeros(len(devs))
