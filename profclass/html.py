@@ -15,6 +15,7 @@ import io
 from . import __version__
 from . import timeline_view as tv
 from .classify import WALLS
+from .formatting import by_rank, pct, shorten, waits_ms_per_step
 
 TOP_KERNELS = 15
 KERNEL_NAME_MAX = 90  # characters of a kernel name shown (the full name is in the title attribute)
@@ -46,10 +47,6 @@ def _e(x) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
 def _figure_uri(fig, fmt: str) -> str:
     buf = io.BytesIO()
     tv.save_figure(fig, buf, fmt=fmt)
@@ -73,44 +70,63 @@ def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()
 
 def render_html(d, progress=None) -> str:
     """The report for a ``Diagnosis`` made with ``keep_timelines=True``, as one HTML string."""
-    v, w = d.verdict, d.window
-    colour = tv.WALL_COLOURS.get(v["wall"], "#444")
-    out = [f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-           f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-           f"<title>profclass: {_e(v['wall'])} wall</title><style>{CSS}</style></head><body>",
-           "<h1>profclass report</h1>",
-           f"<div class=\"inputs\">{_e(', '.join(d.inputs))}</div>",
-           f"<section class=\"verdict\" id=\"verdict\" style=\"--wall: {colour}\">"
-           f"<span class=\"wall\">{_e(v['wall'])} wall</span>"
-           f"<span class=\"meta\">confidence {v['confidence']:.2f}, runner-up {_e(v['runner_up'])}</span>"
-           f"<p>{_e(v['summary'])}</p>"
-           f"<p class=\"muted\">Steady state: {w['iterations']} iterations from {_e(w['source'])}, step "
-           f"{w['step_ms']['mean']:.1f} ms mean (median {w['step_ms']['median']:.1f}, std {w['step_ms']['std']:.1f}, "
-           f"min {w['step_ms']['min']:.1f}, max {w['step_ms']['max']:.1f}).</p></section>"]
-
+    out = _verdict(d)
     if progress:
         progress("drawing the wall chart")
+    out += _walls(d)
+    if progress:
+        progress("drawing the timeline")
+    out += _timeline(d) + _ranks(d) + _top_kernels(d) + _collectives(d) + _fixes(d)
+    rows = [[_e(e["wall"]), _e(e["metric"]), f"{e['value']:.3f}", _e(e["unit"]), _e(e["note"])] for e in d.evidence]
+    out += ["<h2>Evidence</h2>", _table(["wall", "metric", "value", "unit", "note"], rows, {2})]
+    out += _missing_and_config(d)
+    nsys = ", ".join(d.nsys_versions) or "unknown"
+    out.append(f"<footer>profclass {_e(__version__)}; nsys {_e(nsys)}.</footer></body></html>\n")
+    return "\n".join(out)
+
+
+def _verdict(d) -> list[str]:
+    """The document head, the inputs, and the verdict box."""
+    v, w = d.verdict, d.window
+    colour = tv.WALL_COLOURS.get(v["wall"], "#444")
+    return [f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>profclass: {_e(v['wall'])} wall</title><style>{CSS}</style></head><body>",
+            "<h1>profclass report</h1>",
+            f"<div class=\"inputs\">{_e(', '.join(d.inputs))}</div>",
+            f"<section class=\"verdict\" id=\"verdict\" style=\"--wall: {colour}\">"
+            f"<span class=\"wall\">{_e(v['wall'])} wall</span>"
+            f"<span class=\"meta\">confidence {v['confidence']:.2f}, runner-up {_e(v['runner_up'])}</span>"
+            f"<p>{_e(v['summary'])}</p>"
+            f"<p class=\"muted\">Steady state: {w['iterations']} iterations from {_e(w['source'])}, step "
+            f"{w['step_ms']['mean']:.1f} ms mean (median {w['step_ms']['median']:.1f}, std {w['step_ms']['std']:.1f}, "
+            f"min {w['step_ms']['min']:.1f}, max {w['step_ms']['max']:.1f}).</p></section>"]
+
+
+def _walls(d) -> list[str]:
     rows = [[f'<span class="swatch" style="background:{tv.WALL_COLOURS[x]}"></span>{_e(x)}',
-             _pct(d.walls[x]["share"]), f"{d.walls[x]['ms_per_step']:.2f}"] for x in WALLS]
-    out += ["<h2>Where the steady-state step goes</h2>", _table(["wall", "share", "ms/step"], rows, {1, 2}),
+             pct(d.walls[x]["share"]), f"{d.walls[x]['ms_per_step']:.2f}"] for x in WALLS]
+    return ["<h2>Where the steady-state step goes</h2>", _table(["wall", "share", "ms/step"], rows, {1, 2}),
             f"<figure><img alt=\"steady-state ms per step by wall, per rank\" src=\"{_figure_uri(tv.walls_figure(d), 'svg')}\">"
             "<figcaption>Each rank's mean steady-state step, split into the four walls.</figcaption></figure>"]
 
-    if progress:
-        progress("drawing the timeline")
-    out += ["<h2>Timeline of one steady-state iteration</h2>",
+
+def _timeline(d) -> list[str]:
+    return ["<h2>Timeline of one steady-state iteration</h2>",
             f"<figure><img alt=\"timeline of one representative steady-state iteration per GPU\" "
             f"src=\"{_figure_uri(tv.timeline_figure(d), 'png')}\">"
             "<figcaption>Per GPU: compute kernels (GEMMs darker), each collective type, copies, GPU idle, and "
             "NVTX ranges (host clock) when present, over the steady iteration closest to the median step."
             "</figcaption></figure>"]
 
+
+def _ranks(d) -> list[str]:
+    """The per-rank table (several GPUs only) and the stragglers."""
+    out = []
     if len(d.devices) > 1:
-        rows = []
-        for dv in sorted(d.devices, key=lambda x: (x["rank"] is None, x["rank"])):
-            waits = dv["comm"]["exposed_wait_ns"] / max(dv["iterations"], 1) / 1e6 if dv["comm"] else 0.0
-            rows.append([_e(dv["rank"]), _e(dv["pid"]), _e(dv["device"]), _e(dv["wall"]),
-                         *[_pct(dv["walls"][x]["share"]) for x in WALLS], f"{dv['step_ms']:.1f}", f"{waits:.1f}"])
+        rows = [[_e(dv["rank"]), _e(dv["pid"]), _e(dv["device"]), _e(dv["wall"]),
+                 *[pct(dv["walls"][x]["share"]) for x in WALLS], f"{dv['step_ms']:.1f}",
+                 f"{waits_ms_per_step(dv):.1f}"] for dv in by_rank(d.devices)]
         out += ["<h2>Per rank</h2>",
                 _table(["rank", "pid", "GPU", "wall", *WALLS, "step ms", "waits ms/step"], rows,
                        {0, 1, 2, 4, 5, 6, 7, 8, 9})]
@@ -118,28 +134,36 @@ def render_html(d, progress=None) -> str:
         out.append(f"<p><b>Straggler:</b> rank {_e(s['rank'])} (pid {_e(s['pid'])}, GPU {_e(s['device'])}): "
                    f"{_e(s['reason'])}; {_e(s['detail'])}; the others wait "
                    f"{s['others_wait_ms_per_step']:.1f} ms/step for it.</p>")
+    return out
 
+
+def _top_kernels(d) -> list[str]:
     top = tv.top_kernels(d, TOP_KERNELS)
-    rows = [[f"<span title=\"{_e(r.kernel)}\">{_e(_short(r.kernel))}</span>", _e(r.kind), f"{r.ms_per_step:.2f}",
-             f"{100 * r.share:.1f}%", f"{r.calls_per_step:.1f}", f"{r.mean_us:.1f}"] for r in top.itertuples()]
-    out += [f"<h2>Top kernels</h2><p class=\"muted\">GPU time per steady step, mean over "
+    rows = [[f"<span title=\"{_e(r.kernel)}\">{_e(shorten(r.kernel, KERNEL_NAME_MAX, '…'))}</span>", _e(r.kind),
+             f"{r.ms_per_step:.2f}", f"{100 * r.share:.1f}%", f"{r.calls_per_step:.1f}", f"{r.mean_us:.1f}"]
+            for r in top.itertuples()]
+    return [f"<h2>Top kernels</h2><p class=\"muted\">GPU time per steady step, mean over "
             f"{len(d.devices)} GPU(s); kernels may overlap, so the shares need not add up.</p>",
             _table(["kernel", "kind", "ms/step", "of step", "calls/step", "mean µs"], rows, {2, 3, 4, 5},
                    {0: "kernel"})]
 
-    out.append("<h2>Collectives</h2>")
-    if d.collectives:
-        rows = [[_e(c["collective"]), _e(c["group"]), _e(c["instances"]), f"{c['transfer_ms_per_step']:.2f}",
-                 f"{c['wait_ms_per_step']:.2f}", f"{c['exposed_transfer_ms_per_step']:.2f}",
-                 f"{c['exposed_wait_ms_per_step']:.2f}", f"{c['overlapped_ms_per_step']:.2f}"]
-                for c in d.collectives]
-        out += ["<p class=\"muted\">ms per step, mean over ranks; wait is time spent waiting for peers.</p>",
-                _table(["collective", "group", "n", "transfer", "wait", "exposed transfer", "exposed wait",
-                        "overlapped"], rows, {2, 3, 4, 5, 6, 7})]
-    else:
-        out.append("<p class=\"muted\">No collectives in the steady state.</p>")
 
-    out.append("<h2>Fixes to try</h2>")
+def _collectives(d) -> list[str]:
+    if not d.collectives:
+        return ["<h2>Collectives</h2>", "<p class=\"muted\">No collectives in the steady state.</p>"]
+    rows = [[_e(c["collective"]), _e(c["group"]), _e(c["instances"]), f"{c['transfer_ms_per_step']:.2f}",
+             f"{c['wait_ms_per_step']:.2f}", f"{c['exposed_transfer_ms_per_step']:.2f}",
+             f"{c['exposed_wait_ms_per_step']:.2f}", f"{c['overlapped_ms_per_step']:.2f}"]
+            for c in d.collectives]
+    return ["<h2>Collectives</h2>",
+            "<p class=\"muted\">ms per step, mean over ranks; wait is time spent waiting for peers.</p>",
+            _table(["collective", "group", "n", "transfer", "wait", "exposed transfer", "exposed wait",
+                    "overlapped"], rows, {2, 3, 4, 5, 6, 7})]
+
+
+def _fixes(d) -> list[str]:
+    """The fixes with their flags, then the pitfalls."""
+    out = ["<h2>Fixes to try</h2>"]
     if d.fixes:
         items = [f"<li><b>{_e(f['title'])}</b> <span class=\"muted\">[{_e(f['wall'])}]</span> "
                  f"<span class=\"gain\">up to {f['expected_gain_ms']:.1f} ms/step ({f['expected_gain_pct']:.0f}%)</span>"
@@ -149,27 +173,19 @@ def render_html(d, progress=None) -> str:
                 "<ol class=\"fixes\">" + "".join(items) + "</ol>"]
     else:
         out.append("<p class=\"muted\">No fix applies.</p>")
-    for p in d.pitfalls:
-        out.append(f"<p><b>Pitfall</b> ({_e(p.get('rule', ''))}): {_e(p.get('message', ''))}</p>")
+    out += [f"<p><b>Pitfall</b> ({_e(p.get('rule', ''))}): {_e(p.get('message', ''))}</p>" for p in d.pitfalls]
+    return out
 
-    rows = [[_e(e["wall"]), _e(e["metric"]), f"{e['value']:.3f}", _e(e["unit"]), _e(e["note"])] for e in d.evidence]
-    out += ["<h2>Evidence</h2>", _table(["wall", "metric", "value", "unit", "note"], rows, {2})]
 
-    out.append("<h2>Missing from the profile</h2>")
-    out.append("<ul>" + "".join(f"<li>{_e(m)}</li>" for m in d.missing) + "</ul>" if d.missing
-               else "<p class=\"muted\">Nothing: every table profclass reads was present.</p>")
-
+def _missing_and_config(d) -> list[str]:
+    out = ["<h2>Missing from the profile</h2>",
+           "<ul>" + "".join(f"<li>{_e(m)}</li>" for m in d.missing) + "</ul>" if d.missing
+           else "<p class=\"muted\">Nothing: every table profclass reads was present.</p>"]
     rows = [[_e(k), _e(_value(c.get("value"))), _e(c.get("source", ""))] for k, c in d.config.items()
             if isinstance(c, dict)]
     if rows:
         out += ["<h2>Configuration seen in the profile</h2>", _table(["setting", "value", "from"], rows)]
-    nsys = ", ".join(d.nsys_versions) or "unknown"
-    out.append(f"<footer>profclass {_e(__version__)}; nsys {_e(nsys)}.</footer></body></html>\n")
-    return "\n".join(out)
-
-
-def _short(name: str) -> str:
-    return name if len(name) <= KERNEL_NAME_MAX else name[: KERNEL_NAME_MAX - 1] + "…"
+    return out
 
 
 def _value(v) -> str:

@@ -7,11 +7,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .classify import WALLS
+from .formatting import by_rank, md_cell, md_code, pct, waits_ms_per_step
 from .pipeline import Diagnosis
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
 
 
 def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) -> str:
@@ -31,16 +28,16 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
     t.add_column("share", justify="right")
     t.add_column("ms/step", justify="right")
     for wall in WALLS:
-        t.add_row(wall, _pct(d.walls[wall]["share"]), f"{d.walls[wall]['ms_per_step']:.2f}")
+        t.add_row(wall, pct(d.walls[wall]["share"]), f"{d.walls[wall]['ms_per_step']:.2f}")
     con.print(t)
     if len(d.devices) > 1:
         t = Table(title="Per rank", show_edge=False)
         for col in ("rank", "pid", "GPU", "wall", "compute", "comm", "host", "memory", "step ms", "waits ms/step"):
             t.add_column(col, justify="right" if col not in ("wall",) else "left")
-        for dv in sorted(d.devices, key=lambda x: (x["rank"] is None, x["rank"])):
-            waits = dv["comm"]["exposed_wait_ns"] / max(dv["iterations"], 1) / 1e6 if dv["comm"] else 0.0
+        for dv in by_rank(d.devices):
             t.add_row(str(dv["rank"]), str(dv["pid"]), str(dv["device"]), dv["wall"],
-                      *[_pct(dv["walls"][x]["share"]) for x in WALLS], f"{dv['step_ms']:.1f}", f"{waits:.1f}")
+                      *[pct(dv["walls"][x]["share"]) for x in WALLS], f"{dv['step_ms']:.1f}",
+                      f"{waits_ms_per_step(dv):.1f}")
         con.print(t)
     for s in d.stragglers:
         con.print(f"[bold]Straggler[/bold]: rank {s['rank']} (pid {s['pid']}, GPU {s['device']}): {s['reason']}; "
@@ -72,17 +69,6 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
     return buf.getvalue() if console is None else ""
 
 
-def _cell(x) -> str:
-    """A Markdown table cell: pipes would end the cell, newlines the row."""
-    return str(x).replace("|", "\\|").replace("\n", " ")
-
-
-def _code(x: str) -> str:
-    """Inline code that survives backticks inside it."""
-    fence = "``" if "`" in x else "`"
-    return f"{fence}{x}{fence}" if fence == "`" else f"{fence} {x} {fence}"
-
-
 def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels: int = 10) -> str:
     """The report for an issue or pull request (GitHub-flavoured Markdown).
 
@@ -94,14 +80,14 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
              f"Steady state: {w['iterations']} iterations ({w['source']}), step {w['step_ms']['mean']:.1f} ms "
              f"(median {w['step_ms']['median']:.1f}, std {w['step_ms']['std']:.1f}).", "",
              "| wall | share | ms/step |", "|---|---:|---:|"]
-    lines += [f"| {x} | {_pct(d.walls[x]['share'])} | {d.walls[x]['ms_per_step']:.2f} |" for x in WALLS]
+    lines += [f"| {x} | {pct(d.walls[x]['share'])} | {d.walls[x]['ms_per_step']:.2f} |" for x in WALLS]
     if timeline_image:
         lines += ["", f"![one representative steady-state iteration per GPU]({timeline_image})"]
     if len(d.devices) > 1:
         lines += ["", "| rank | GPU | wall | compute | comm | host | memory | step ms |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
-        for dv in sorted(d.devices, key=lambda x: (x["rank"] is None, x["rank"])):
+        for dv in by_rank(d.devices):
             lines.append(f"| {dv['rank']} | {dv['device']} | {dv['wall']} | "
-                         + " | ".join(_pct(dv["walls"][x]["share"]) for x in WALLS) + f" | {dv['step_ms']:.1f} |")
+                         + " | ".join(pct(dv["walls"][x]["share"]) for x in WALLS) + f" | {dv['step_ms']:.1f} |")
     for s in d.stragglers:
         lines += ["", f"**Straggler:** rank {s['rank']} ({s['reason']}): {s['detail']}; the others wait "
                       f"{s['others_wait_ms_per_step']:.1f} ms/step for it."]
@@ -116,19 +102,19 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
         from .timeline_view import top_kernels as top
         t = top(d, top_kernels)
         lines += ["", "| kernel | kind | ms/step | of step | calls/step |", "|---|---|---:|---:|---:|"]
-        lines += [f"| {_cell(_code(r.kernel[:80]))} | {_cell(r.kind)} | {r.ms_per_step:.2f} | {100 * r.share:.1f}% | "
+        lines += [f"| {md_cell(md_code(r.kernel[:80]))} | {md_cell(r.kind)} | {r.ms_per_step:.2f} | {100 * r.share:.1f}% | "
                   f"{r.calls_per_step:.1f} |" for r in t.itertuples()]
         lines += ["", f"Top {len(t)} kernels by GPU time per steady step, mean over {len(d.devices)} GPU(s)."]
     if d.fixes:
         lines += ["", "### Fixes (expected gain is an upper bound)", ""]
         lines += [f"{i}. **{f['title']}** ({f['wall']}, up to {f['expected_gain_ms']:.1f} ms/step, "
-                  f"{f['expected_gain_pct']:.0f}%): {_code(f['flags'])}. {f['why']}" for i, f in enumerate(d.fixes, 1)]
+                  f"{f['expected_gain_pct']:.0f}%): {md_code(f['flags'])}. {f['why']}" for i, f in enumerate(d.fixes, 1)]
     for p in d.pitfalls:
         lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}"]
     if d.evidence:
         lines += ["", "<details><summary>Evidence</summary>", "", "| wall | metric | value | unit | note |",
                   "|---|---|---:|---|---|"]
-        lines += [f"| {e['wall']} | {_cell(e['metric'])} | {e['value']:.3f} | {e['unit']} | {_cell(e['note'])} |"
+        lines += [f"| {e['wall']} | {md_cell(e['metric'])} | {e['value']:.3f} | {e['unit']} | {md_cell(e['note'])} |"
                   for e in d.evidence]
         lines += ["", "</details>"]
     if d.missing:
@@ -139,6 +125,6 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
 def one_line(d: Diagnosis) -> str:
     """A summary fit for a training log."""
     v = d.verdict
-    shares = " ".join(f"{x}={_pct(d.walls[x]['share'])}" for x in WALLS)
+    shares = " ".join(f"{x}={pct(d.walls[x]['share'])}" for x in WALLS)
     return (f"profclass: {v['wall']} wall (confidence {v['confidence']:.2f}, runner-up {v['runner_up']}); "
             f"step {d.window['step_ms']['mean']:.1f} ms; {shares}")

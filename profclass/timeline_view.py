@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from . import intervals as iv
+from .formatting import by_rank
 from .kernels import COLLECTIVE_TYPES
 from .timeline import GpuTimeline
 
@@ -187,7 +188,6 @@ def _pyplot():
 def timeline_figure(d, width_in: float = 13.0):
     """A matplotlib Figure: per GPU (by rank), lanes for compute (GEMMs darker), each
     collective type, copies, idle and NVTX, over one representative steady iteration."""
-    from matplotlib.patches import Patch
     plt = _pyplot()
     views = iteration_views(d)
     present = set().union(*(set(v.lanes["lane"]) for v in views))
@@ -199,7 +199,6 @@ def timeline_figure(d, width_in: float = 13.0):
     # one shared time origin when the steps shown overlap in time (clocks are aligned)
     overlapping = max(v.lo for v in views) < min(v.hi for v in views)
     t0 = min(v.lo for v in views) if overlapping else None
-    lane_h, gap = 0.8, 0.9
     rows_per_gpu = len(order) + (nvtx_rows if has_nvtx else 0)
     height = 1.2 + 0.22 * rows_per_gpu * len(views) + 0.25 * len(views)
     fig, ax = plt.subplots(figsize=(width_in, max(2.6, height)), dpi=100)
@@ -208,35 +207,7 @@ def timeline_figure(d, width_in: float = 13.0):
     for v in views:
         origin = t0 if t0 is not None else v.lo
         span_ms = max(span_ms, (v.hi - origin) / 1e6)
-        lanes = v.lanes
-        group_top = y
-        for lane in order + (["NVTX"] if has_nvtx else []):
-            rows = lanes[lanes["lane"] == lane]
-            levels = nvtx_rows if lane == "NVTX" else 1
-            for level in range(levels):
-                r = rows[rows["level"] == level] if lane == "NVTX" else rows
-                xs = ((r["start"] - origin) / 1e6).to_numpy()
-                ws = ((r["end"] - r["start"]) / 1e6).to_numpy()
-                if len(xs):
-                    ax.broken_barh(list(zip(xs, ws)), (y, lane_h), facecolors=LANE_COLOURS[lane], linewidth=0)
-                if lane == "compute":
-                    g = lanes[lanes["lane"] == "GEMM"]
-                    if len(g):
-                        ax.broken_barh(list(zip(((g["start"] - origin) / 1e6).to_numpy(),
-                                                ((g["end"] - g["start"]) / 1e6).to_numpy())),
-                                       (y, lane_h), facecolors=LANE_COLOURS["GEMM"], linewidth=0)
-                if lane == "NVTX" and len(r):
-                    _label_ranges(ax, r, origin, y + lane_h / 2, span_hint=(v.hi - v.lo) / 1e6)
-                yticks.append(y + lane_h / 2)
-                ylabels.append(lane.replace("_", "-") if not (lane == "NVTX" and level) else "")
-                y += gap
-        ax.axhspan(group_top - 0.05, y - gap + lane_h + 0.05, xmin=0, xmax=1, facecolor="none",
-                   edgecolor="#999999", linewidth=0.6)
-        # the GPU's name sits left of its lane names (offset in points, so any width works)
-        ax.annotate(f"{v.label}\n{v.iteration}", xy=(0, (group_top + y - gap + lane_h) / 2),
-                    xycoords=ax.get_yaxis_transform(), xytext=(-62, 0), textcoords="offset points",
-                    ha="right", va="center", fontsize=8.5, fontweight="bold", annotation_clip=False)
-        y += 0.6
+        y = _draw_gpu(ax, v, order + (["NVTX"] if has_nvtx else []), nvtx_rows, origin, y, yticks, ylabels)
     ax.set_yticks(yticks)
     ax.set_yticklabels(ylabels, fontsize=7)
     ax.tick_params(axis="y", length=0, pad=2)
@@ -249,15 +220,56 @@ def timeline_figure(d, width_in: float = 13.0):
     ax.set_axisbelow(True)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
+    _legend(ax, present, has_nvtx)
+    ax.set_title(f"One representative steady-state iteration per GPU: {d.verdict['wall']} wall",
+                 fontsize=10, pad=22)
+    fig.subplots_adjust(left=2.1 / width_in, right=0.99, top=1 - 0.75 / fig.get_figheight(), bottom=0.5 / fig.get_figheight())
+    return fig
+
+
+def _draw_gpu(ax, v, lanes_shown: list[str], nvtx_rows: int, origin: int, y: float,
+              yticks: list, ylabels: list) -> float:
+    """One GPU's lanes, drawn from height ``y`` down (their ticks appended to ``yticks`` and
+    ``ylabels``); returns where the next GPU starts."""
+    lane_h, gap = 0.8, 0.9
+    lanes = v.lanes
+    group_top = y
+    for lane in lanes_shown:
+        rows = lanes[lanes["lane"] == lane]
+        levels = nvtx_rows if lane == "NVTX" else 1
+        for level in range(levels):
+            r = rows[rows["level"] == level] if lane == "NVTX" else rows
+            xs = ((r["start"] - origin) / 1e6).to_numpy()
+            ws = ((r["end"] - r["start"]) / 1e6).to_numpy()
+            if len(xs):
+                ax.broken_barh(list(zip(xs, ws)), (y, lane_h), facecolors=LANE_COLOURS[lane], linewidth=0)
+            if lane == "compute":
+                g = lanes[lanes["lane"] == "GEMM"]
+                if len(g):
+                    ax.broken_barh(list(zip(((g["start"] - origin) / 1e6).to_numpy(),
+                                            ((g["end"] - g["start"]) / 1e6).to_numpy())),
+                                   (y, lane_h), facecolors=LANE_COLOURS["GEMM"], linewidth=0)
+            if lane == "NVTX" and len(r):
+                _label_ranges(ax, r, origin, y + lane_h / 2, span_hint=(v.hi - v.lo) / 1e6)
+            yticks.append(y + lane_h / 2)
+            ylabels.append(lane.replace("_", "-") if not (lane == "NVTX" and level) else "")
+            y += gap
+    ax.axhspan(group_top - 0.05, y - gap + lane_h + 0.05, xmin=0, xmax=1, facecolor="none",
+               edgecolor="#999999", linewidth=0.6)
+    # the GPU's name sits left of its lane names (offset in points, so any width works)
+    ax.annotate(f"{v.label}\n{v.iteration}", xy=(0, (group_top + y - gap + lane_h) / 2),
+                xycoords=ax.get_yaxis_transform(), xytext=(-62, 0), textcoords="offset points",
+                ha="right", va="center", fontsize=8.5, fontweight="bold", annotation_clip=False)
+    return y + 0.6
+
+
+def _legend(ax, present: set[str], has_nvtx: bool) -> None:
+    from matplotlib.patches import Patch
     legend = [Patch(facecolor=LANE_COLOURS[k], label=k.replace("_", "-"))
               for k in ["compute", "GEMM"] + [c for c in COLLECTIVE_TYPES if c in present] + ["memcpy", "idle"]
               + (["NVTX"] if has_nvtx else []) if k in present or k in ("compute", "idle")]
     ax.legend(handles=legend, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(legend), fontsize=8,
               frameon=False)
-    ax.set_title(f"One representative steady-state iteration per GPU: {d.verdict['wall']} wall",
-                 fontsize=10, pad=22)
-    fig.subplots_adjust(left=2.1 / width_in, right=0.99, top=1 - 0.75 / fig.get_figheight(), bottom=0.5 / fig.get_figheight())
-    return fig
 
 
 def _label_ranges(ax, r: pd.DataFrame, origin: int, y: float, span_hint: float) -> None:
@@ -272,7 +284,7 @@ def walls_figure(d, width_in: float = 9.0):
     """A stacked horizontal bar per rank of the steady-state step (ms) split by wall."""
     from .classify import WALLS
     plt = _pyplot()
-    devs = sorted(d.devices, key=lambda x: (x["rank"] is None, x["rank"]))
+    devs = by_rank(d.devices)
     labels = [f"rank {x['rank']} / GPU {x['device']}" for x in devs]
     fig, ax = plt.subplots(figsize=(width_in, 0.9 + 0.42 * len(devs)), dpi=100)
     left = np.zeros(len(devs))

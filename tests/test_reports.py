@@ -20,9 +20,10 @@ import profclass
 from profclass import intervals as iv
 from profclass import timeline_view as tv
 from profclass.cli import main
+from profclass.formatting import md_cell
 from profclass.html import render_html
 from profclass.progress import Reporter, reporter
-from profclass.report import _cell, render_markdown
+from profclass.report import render_markdown
 
 from conftest import ROOT, profile_path
 
@@ -162,7 +163,7 @@ def test_markdown_report_for_issues(kept):
 
 
 def test_markdown_cells_escape_pipes():
-    assert _cell("a|b\nc") == "a\\|b c"
+    assert md_cell("a|b\nc") == "a\\|b c"
 
 
 def test_cli_html_and_timeline(tmp_path):

@@ -1,0 +1,294 @@
+"""The comparison itself: step times and their test, walls, the quantities inside each wall,
+kernels, communication pattern and configuration of a base run against a candidate run."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..classify import WALLS
+from ..formatting import p_value, shorten, signed_ms
+from ..pipeline import Diagnosis, _jsonable
+from .saved import as_diagnosis
+from .stats import ALPHA, MIN_EFFECT, step_test
+
+KERNEL_MIN_MS = 0.005  # kernels below this on both sides are noise, not part of the change
+
+
+@dataclass
+class DiffResult:
+    """What ``profclass diff`` reports; ``to_dict`` is the JSON output."""
+
+    base: dict
+    candidate: dict
+    step: dict
+    significant: bool
+    regression: bool
+    improvement: bool
+    change: str  # "regression" | "improvement" | "no significant change"
+    verdict: dict
+    walls: dict
+    walls_delta_ms: dict
+    components: list[dict]
+    kernels: list[dict]
+    appeared: list[str]
+    vanished: list[str]
+    communication: dict
+    config_changes: list[dict]
+    notes: list[str] = field(default_factory=list)
+    pitfalls: list[dict] = field(default_factory=list)  # rules with scope "diff" (data/rules.toml)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
+
+
+def _side(d: Diagnosis) -> dict:
+    s = d.window["step_ms"]
+    return dict(inputs=list(d.inputs), wall=d.verdict["wall"], summary=d.verdict["summary"],
+                iterations=len(s["per_iteration"]), window_source=d.window["source"],
+                step_ms=dict(mean=s["mean"], median=s["median"], std=s["std"],
+                             per_iteration=list(s["per_iteration"])),
+                gpus=len(d.devices))
+
+
+def _feature_ms(d: Diagnosis, key: str, scale: float = 1e-6) -> float:
+    """Mean over GPUs of a per-GPU feature (ns over the window) per step."""
+    vals = [dv["features"].get(key) or 0 for dv in d.devices]
+    its = [max(dv["iterations"], 1) for dv in d.devices]
+    return float(np.mean([v / it for v, it in zip(vals, its)])) * scale if vals else 0.0
+
+
+def _collective_rows(d: Diagnosis) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    for c in d.collectives:
+        r = rows.setdefault(c["collective"], dict(group=c["group"], transfer_ms=0.0, wait_ms=0.0,
+                                                  exposed_ms=0.0, overlapped_ms=0.0, calls_per_step=0.0))
+        r["transfer_ms"] += c["transfer_ms_per_step"]
+        r["wait_ms"] += c["wait_ms_per_step"]
+        r["exposed_ms"] += c["exposed_transfer_ms_per_step"] + c["exposed_wait_ms_per_step"]
+        r["overlapped_ms"] += c["overlapped_ms_per_step"]
+    for k in d.kernels:
+        if k["is_comm"] and k["collective"]:
+            r = rows.setdefault(k["collective"], dict(group="", transfer_ms=0.0, wait_ms=0.0, exposed_ms=0.0,
+                                                      overlapped_ms=0.0, calls_per_step=0.0))
+            r["calls_per_step"] += k["count_per_step"]
+    return rows
+
+
+def _components(b: Diagnosis, c: Diagnosis) -> list[dict]:
+    """The quantities inside each wall, both sides, ms per step (counts per step where noted)."""
+    def f(key, scale=1e-6):
+        return _feature_ms(b, key, scale), _feature_ms(c, key, scale)
+
+    out = []
+
+    def add(wall, metric, pair, unit="ms/step"):
+        bv, cv = pair
+        out.append(dict(wall=wall, metric=metric, unit=unit, base=round(bv, 3), candidate=round(cv, 3),
+                        delta=round(cv - bv, 3)))
+
+    gemm, comp = f("gemm_ns"), f("compute_ns")
+    add("compute", "GEMM kernels", gemm)
+    add("compute", "other compute kernels", (max(comp[0] - gemm[0], 0.0), max(comp[1] - gemm[1], 0.0)))
+    cb, cc = _collective_rows(b), _collective_rows(c)
+    for ctype in sorted(set(cb) | set(cc)):
+        add("communication", f"{ctype} exposed",
+            (cb.get(ctype, {}).get("exposed_ms", 0.0), cc.get(ctype, {}).get("exposed_ms", 0.0)))
+    add("communication", "copies exposed (non-offload)", f("exposed_copy_ns"))
+    add("host", "idle after host syncs", f("idle_sync_ns"))
+    add("host", "idle, launch-late", f("idle_launch_ns"))
+    add("host", "idle, other (queued work waiting)", f("idle_other_ns"))
+    add("host", "host synchronisations", f("sync_calls", 1.0), "calls/step")
+    add("host", "kernels launched", f("kernels", 1.0), "per step")
+    add("host", "kernels shorter than their launch", f("launch_bound_kernels", 1.0), "per step")
+    add("memory", "recompute (estimate)", f("recompute_ns"))
+    add("memory", "idle around allocator calls", f("idle_alloc_ns"))
+    off_b = _feature_ms(b, "offload_exposed_ns") + _feature_ms(b, "idle_offload_ns")
+    off_c = _feature_ms(c, "offload_exposed_ns") + _feature_ms(c, "idle_offload_ns")
+    add("memory", "offload copies and their waits", (off_b, off_c))
+    add("memory", "allocator calls", f("alloc_calls", 1.0), "calls/step")
+    return out
+
+
+def _kernel_changes(b: Diagnosis, c: Diagnosis) -> tuple[list[dict], list[str], list[str]]:
+    key = ("name", "op")
+    bt = {(k["name"], k["op"]): k for k in b.kernels}
+    ct = {(k["name"], k["op"]): k for k in c.kernels}
+    rows = []
+    for kk in set(bt) | set(ct):
+        kb, kc = bt.get(kk), ct.get(kk)
+        bms, cms = (kb or {}).get("ms_per_step", 0.0), (kc or {}).get("ms_per_step", 0.0)
+        bn, cn = (kb or {}).get("count_per_step", 0.0), (kc or {}).get("count_per_step", 0.0)
+        if max(bms, cms) < KERNEL_MIN_MS:
+            continue
+        meta = kc or kb
+        status = "appeared" if kb is None else "vanished" if kc is None else "changed"
+        rows.append(dict(zip(key, kk), status=status, library=meta["library"], collective=meta["collective"],
+                         is_comm=meta["is_comm"], is_gemm=meta["is_gemm"], is_fp8=meta["is_fp8"],
+                         base=dict(count_per_step=bn, ms_per_step=bms),
+                         candidate=dict(count_per_step=cn, ms_per_step=cms),
+                         delta_ms_per_step=round(cms - bms, 4), delta_count_per_step=round(cn - bn, 3)))
+    rows.sort(key=lambda r: (-abs(r["delta_ms_per_step"]), r["name"]))
+    appeared = [r["name"] for r in sorted(rows, key=lambda r: -r["candidate"]["ms_per_step"])
+                if r["status"] == "appeared"]
+    vanished = [r["name"] for r in sorted(rows, key=lambda r: -r["base"]["ms_per_step"])
+                if r["status"] == "vanished"]
+    return rows, appeared, vanished
+
+
+def _overlap_share(rows: dict[str, dict]) -> float | None:
+    total = sum(r["transfer_ms"] + r["wait_ms"] for r in rows.values())
+    return round(sum(r["overlapped_ms"] for r in rows.values()) / total, 4) if total > 0 else None
+
+
+def _communication(b: Diagnosis, c: Diagnosis) -> dict:
+    cb, cc = _collective_rows(b), _collective_rows(c)
+    mix = []
+    for ctype in sorted(set(cb) | set(cc)):
+        rb, rc = cb.get(ctype), cc.get(ctype)
+        z = dict(calls_per_step=0.0, transfer_ms=0.0, wait_ms=0.0, exposed_ms=0.0, overlapped_ms=0.0)
+        pick = lambda r: {k: round(float((r or z).get(k, 0.0)), 3) for k in z}  # noqa: E731
+        mix.append(dict(collective=ctype, group=(rc or rb)["group"], base=pick(rb), candidate=pick(rc),
+                        status="appeared" if rb is None else "vanished" if rc is None else "both",
+                        delta_exposed_ms=round(pick(rc)["exposed_ms"] - pick(rb)["exposed_ms"], 3)))
+    libs_b = _feature_libraries(b)
+    libs_c = _feature_libraries(c)
+    disp_b = b.config.get("dispatcher", {}).get("value")
+    disp_c = c.config.get("dispatcher", {}).get("value")
+    ov_b, ov_c = _overlap_share(cb), _overlap_share(cc)
+    changes = []
+    if disp_b != disp_c:
+        changes.append(f"dispatcher {disp_b} -> {disp_c}")
+    if set(libs_b) != set(libs_c):
+        changes.append(f"communication libraries {sorted(libs_b) or ['none']} -> {sorted(libs_c) or ['none']}")
+    for m in mix:
+        if m["status"] != "both":
+            changes.append(f"{m['collective']} {m['status']} "
+                           f"({max(m['base']['calls_per_step'], m['candidate']['calls_per_step']):.1f} calls/step)")
+        else:
+            nb, nc = m["base"]["calls_per_step"], m["candidate"]["calls_per_step"]
+            if abs(nc - nb) >= max(0.5, 0.1 * nb):
+                changes.append(f"{m['collective']} calls per step {nb:.1f} -> {nc:.1f}")
+    if ov_b is not None and ov_c is not None and abs(ov_c - ov_b) >= 0.05:
+        changes.append(f"communication hidden under compute {100 * ov_b:.0f}% -> {100 * ov_c:.0f}%")
+    return dict(collectives=mix, dispatcher=dict(base=disp_b, candidate=disp_c),
+                libraries=dict(base=libs_b, candidate=libs_c),
+                overlap_share=dict(base=ov_b, candidate=ov_c), changes=changes)
+
+
+def _feature_libraries(d: Diagnosis) -> dict[str, float]:
+    """Communication time per step by library (mean over GPUs)."""
+    libs: dict[str, float] = {}
+    for dv in d.devices:
+        for lib, ns in (dv["features"].get("comm_libraries") or {}).items():
+            libs[lib] = libs.get(lib, 0.0) + ns / max(dv["iterations"], 1) / 1e6 / len(d.devices)
+    return {k: round(v, 3) for k, v in sorted(libs.items())}
+
+
+def _config_changes(b: Diagnosis, c: Diagnosis) -> list[dict]:
+    out = []
+    for key in sorted(set(b.config) | set(c.config)):
+        if key == "command_line_flags":
+            continue
+        eb, ec = b.config.get(key), c.config.get(key)
+        vb, vc = (eb or {}).get("value"), (ec or {}).get("value")
+        if vb != vc:
+            out.append(dict(key=key, base=vb, candidate=vc, source=(ec or eb)["source"]))
+    fb = (b.config.get("command_line_flags") or {}).get("value") or {}
+    fc = (c.config.get("command_line_flags") or {}).get("value") or {}
+    for flag in sorted(set(fb) | set(fc)):
+        if fb.get(flag) != fc.get(flag):
+            out.append(dict(key=flag, base=fb.get(flag), candidate=fc.get(flag), source="command line"))
+    if b.nsys_versions != c.nsys_versions:
+        out.append(dict(key="nsys_version", base=", ".join(b.nsys_versions), candidate=", ".join(c.nsys_versions),
+                        source="profile metadata"))
+    return out
+
+
+def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, components: list[dict],
+             kernels: list[dict]) -> dict:
+    delta = step["delta_ms"]
+    t = step["test"]
+    test_txt = f"Welch {p_value(t['p_value'])}" if t["p_value"] is not None else t["method"]
+    head = (f"step {step['base_ms']:.1f} -> {step['candidate_ms']:.1f} ms "
+            f"({100 * (step['ratio'] - 1):+.1f}%, x{step['ratio']:.3f}; {test_txt})")
+    sign = 1.0 if delta >= 0 else -1.0
+    moves = {w: walls_delta[w] for w in WALLS}
+    same_dir = {w: v for w, v in moves.items() if v * sign > 0}
+    wall = max(same_dir, key=lambda w: abs(same_dir[w])) if same_dir and delta != 0 else None
+    if not significant:
+        largest = max(moves, key=lambda w: abs(moves[w]))
+        tail = (f"; the largest wall move is {largest} {signed_ms(moves[largest])} ms/step"
+                if abs(moves[largest]) >= 0.05 else "")
+        return dict(kind="no significant change", wall=None,
+                    summary=f"No significant change: {head}{tail}.")
+    word = "Regression" if change == "regression" else "Improvement"
+    if wall is None:  # every wall moved against the step (cannot happen with consistent walls)
+        return dict(kind=change, wall=None, summary=f"{word}: {head}; no wall moved in its direction.")
+    chief = [c for c in components if c["wall"] == wall and c["unit"] == "ms/step" and c["delta"] * sign > 0]
+    chief_txt = ""
+    if chief:
+        top = max(chief, key=lambda c: abs(c["delta"]))
+        chief_txt = f", chiefly {top['metric']} ({signed_ms(top['delta'])} ms/step)"
+    kern_txt = ""
+    if wall in ("compute", "communication"):
+        mine = [k for k in kernels if (k["is_comm"] == (wall == "communication")) and k["op"] == "kernel"
+                and k["delta_ms_per_step"] * sign > 0]
+        if mine:
+            k = mine[0]  # kernels are sorted by |delta|
+            kern_txt = f"; top kernel {shorten(k['name'], 60)} {signed_ms(k['delta_ms_per_step'])} ms/step"
+    summary = (f"{word}: {head}; the {wall} wall explains most of it "
+               f"({signed_ms(walls_delta[wall])} of {signed_ms(delta)} ms/step){chief_txt}{kern_txt}.")
+    return dict(kind=change, wall=wall, summary=summary)
+
+
+def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALPHA,
+         min_effect: float = MIN_EFFECT) -> DiffResult:
+    """Compare a base run with a candidate run. Raises ProfileError on bad input."""
+    b = as_diagnosis(base, iteration_regex)
+    c = as_diagnosis(candidate, iteration_regex)
+    xb, xc = b.window["step_ms"]["per_iteration"], c.window["step_ms"]["per_iteration"]
+    mb, mc = float(np.mean(xb)), float(np.mean(xc))
+    test = step_test(xb, xc, alpha=alpha, min_effect=min_effect)
+    ratio = mc / mb if mb > 0 else float("nan")
+    step = dict(base_ms=round(mb, 3), candidate_ms=round(mc, 3), delta_ms=round(mc - mb, 3),
+                delta_pct=round(100 * (ratio - 1), 3), ratio=round(ratio, 4),
+                base_std_ms=b.window["step_ms"]["std"], candidate_std_ms=c.window["step_ms"]["std"],
+                base_iterations=len(xb), candidate_iterations=len(xc), test=test)
+    significant = bool(test["significant"])
+    regression = significant and mc > mb
+    improvement = significant and mc < mb
+    change = "regression" if regression else "improvement" if improvement else "no significant change"
+    walls = {w: dict(base_ms=b.walls[w]["ms_per_step"], candidate_ms=c.walls[w]["ms_per_step"],
+                     delta_ms=round(c.walls[w]["ms_per_step"] - b.walls[w]["ms_per_step"], 3),
+                     base_share=b.walls[w]["share"], candidate_share=c.walls[w]["share"]) for w in WALLS}
+    walls_delta = {w: walls[w]["delta_ms"] for w in WALLS}
+    step["attributed_delta_ms"] = round(sum(walls_delta.values()), 3)
+    components = _components(b, c)
+    kernels, appeared, vanished = _kernel_changes(b, c)
+    notes = []
+    if len(b.devices) != len(c.devices):
+        notes.append(f"the runs have different GPU counts ({len(b.devices)} vs {len(c.devices)}): "
+                     "per-GPU means are compared")
+    for name, d in (("base", b), ("candidate", c)):
+        if d.window["source"] == "whole":
+            notes.append(f"{name}: no iterations found (whole capture used), so its step time has no spread")
+    return DiffResult(
+        base=_side(b), candidate=_side(c), step=step, significant=significant, regression=regression,
+        improvement=improvement, change=change,
+        verdict=_verdict(step, significant, change, walls_delta, components, kernels),
+        walls=walls, walls_delta_ms=walls_delta, components=components, kernels=kernels,
+        appeared=appeared, vanished=vanished, communication=_communication(b, c),
+        config_changes=_config_changes(b, c), notes=notes, pitfalls=_pair_pitfalls(b, c, mb))
+
+
+def _pair_pitfalls(b: Diagnosis, c: Diagnosis, step_ms: float) -> list[dict]:
+    from ..pitfalls import check, diff_facts
+
+    def flags(d):
+        return d.config.get("command_line_flags", {}).get("value", {})
+    return check(diff_facts(flags(b), flags(c)), {}, step_ms, scope="diff")

@@ -1,0 +1,43 @@
+"""Formatting shared by the reporters (``report``, ``html``, ``diff.render``), so that one
+quantity is written the same way in every output."""
+from __future__ import annotations
+
+
+def pct(share: float) -> str:
+    """A share (0..1) as a whole percentage."""
+    return f"{100 * share:.0f}%"
+
+
+def shorten(text: str, limit: int, mark: str = "...") -> str:
+    """``text`` cut to at most ``limit`` characters, ``mark`` saying where it was cut."""
+    return text if len(text) <= limit else text[: limit - len(mark)] + mark
+
+
+def signed_ms(x: float) -> str:
+    """A change in ms with its sign; two decimals for changes too small for one."""
+    return f"{x:+.1f}" if abs(x) >= 0.05 else f"{x:+.2f}"
+
+
+def p_value(p: float | None) -> str:
+    return "untested" if p is None else "p<1e-6" if p < 1e-6 else f"p={p:.3g}"
+
+
+def md_cell(x) -> str:
+    """A Markdown table cell: pipes would end the cell, newlines the row."""
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def md_code(x: str) -> str:
+    """Markdown inline code that survives backticks inside it."""
+    fence = "``" if "`" in x else "`"
+    return f"{fence}{x}{fence}" if fence == "`" else f"{fence} {x} {fence}"
+
+
+def by_rank(devices: list[dict]) -> list[dict]:
+    """Per-GPU rows in rank order, those without a rank last."""
+    return sorted(devices, key=lambda x: (x["rank"] is None, x["rank"]))
+
+
+def waits_ms_per_step(device: dict) -> float:
+    """Time one GPU spent waiting for its peers in collectives, ms per steady step."""
+    return device["comm"]["exposed_wait_ns"] / max(device["iterations"], 1) / 1e6 if device["comm"] else 0.0

@@ -1,0 +1,274 @@
+"""Table readers: one function per table profclass reads, each picking the variant of the
+table this export has and returning a DataFrame with the documented columns (or an empty
+one, plus a line in ``missing``)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from .profile import (GPU_COLS, KERNEL_COLS, MEMCPY_COLS, MEMEV_COLS, MEMSET_COLS, METRIC_COLS, NVTX_COLS,
+                      RUNTIME_COLS, RawProfile, empty_frame)
+from .schema import Schema, column_or, pid_expr
+from .transport import query
+
+KIND_NAMES = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 9: "HtoH", 11: "HtoD", 12: "DtoH",
+              13: "DtoD"}
+PINNED_KIND = 1  # ENUM_CUDA_MEM_KIND: 0 pageable, 1 pinned
+NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
+NVTX_DOMAIN_CREATE = 75
+METRICS_WANTED = {
+    "SMs Active": "sm_active", "SM Active": "sm_active", "SM Issue": "sm_issue",
+    "Tensor Active": "tensor_active", "DRAM Read Bandwidth": "dram_read",
+    "DRAM Write Bandwidth": "dram_write",
+}
+_VERSION_SUFFIX = re.compile(r"_v\d+(_v\d+)?$")
+
+
+def _columns_if(s: Schema, table: str, needed: tuple[str, ...], missing: list, what: str) -> set[str] | None:
+    """The known columns of ``table``, or None (and ``what`` noted as missing) where the export
+    lacks the table or one of the ``needed`` columns."""
+    if not s.has(table, *needed):
+        missing.append(what)
+        return None
+    return s.columns[table]
+
+
+def read_kernels(con, s: Schema, strings: str | None, missing: list) -> pd.DataFrame:
+    T = "CUPTI_ACTIVITY_KIND_KERNEL"
+    c = _columns_if(s, T, ("start", "end"), missing, "kernels (CUPTI_ACTIVITY_KIND_KERNEL)")
+    if c is None:
+        return empty_frame(KERNEL_COLS)
+    short = "shortName" if "shortName" in c else ("demangledName" if "demangledName" in c else None)
+    full = "demangledName" if "demangledName" in c else short
+    if not (strings and short):
+        missing.append("kernel names (StringIds/shortName)")
+    dims = [d for d in ("gridX", "gridY", "gridZ") if d in c]
+    bdims = [d for d in ("blockX", "blockY", "blockZ") if d in c]
+    grid = "*".join(f"max(k.{d},1)" for d in dims) or "0"
+    block = "*".join(f"max(k.{d},1)" for d in bdims) or "0"
+    sql = (f"SELECT k.start, k.end, {column_or(c, 'deviceId', 'k')}, "
+           f"{pid_expr('k.globalPid') if 'globalPid' in c else '0'}, {column_or(c, 'streamId', 'k')}, "
+           f"{column_or(c, 'correlationId', 'k')}, {column_or(c, short, 'k', '-1') if short else '-1'}, "
+           f"{column_or(c, full, 'k', '-1') if full else '-1'}, {grid}, {block}, "
+           f"{column_or(c, 'graphNodeId', 'k')} FROM {s.t(T)} k WHERE k.end >= k.start")
+    df = query(con, sql, dict(KERNEL_COLS, name="int64", full_name="int64"))
+    # names travel as string ids and are mapped once per distinct id, not once per row
+    names: dict[int, str] = {}
+    if df.empty:
+        for col in ("name", "full_name"):
+            # object first: with no names at all, map() gives float NaN, which won't take a str
+            df[col] = pd.Categorical(df[col].map(names).astype(object).fillna("<unknown>").astype(str))
+        return df
+    # hash, not sort: ids in first-seen order; categories are sorted below, per distinct name
+    uniq = {}
+    for c in ("name", "full_name"):
+        inv, ids = pd.factorize(df[c].to_numpy())
+        uniq[c] = (ids, inv)
+    if strings and short:
+        wanted = np.union1d(uniq["name"][0], uniq["full_name"][0])
+        names = dict(con.execute(f"SELECT id, value FROM {strings} WHERE id IN "
+                                 f"({','.join(str(int(i)) for i in wanted)})"))
+    for col in ("name", "full_name"):
+        ids, inv = uniq[col]
+        values = np.array(["<unknown>" if (v := names.get(int(i))) is None or v != v else str(v)
+                           for i in ids], dtype=object)
+        cats, to_cat = np.unique(values, return_inverse=True)  # sorted, as pandas infers them
+        df[col] = pd.Categorical.from_codes(to_cat[inv], categories=pd.Index(cats, dtype="str"))
+    return df
+
+
+def _copy_columns(c: set) -> str:
+    """start, end, device, pid, stream, correlation, bytes of a memcpy/memset row (alias m)."""
+    return (f"m.start, m.end, {column_or(c, 'deviceId', 'm')}, "
+            f"{pid_expr('m.globalPid') if 'globalPid' in c else '0'}, {column_or(c, 'streamId', 'm')}, "
+            f"{column_or(c, 'correlationId', 'm')}, {column_or(c, 'bytes', 'm')}")
+
+
+def read_memcpy(con, s: Schema, missing: list) -> pd.DataFrame:
+    T = "CUPTI_ACTIVITY_KIND_MEMCPY"
+    c = _columns_if(s, T, ("start", "end"), missing, "memcpy (CUPTI_ACTIVITY_KIND_MEMCPY)")
+    if c is None:
+        return empty_frame(MEMCPY_COLS)
+    host_kind = ("CASE WHEN m.copyKind=1 THEN m.srcKind WHEN m.copyKind=2 THEN m.dstKind ELSE -1 END"
+                 if {"srcKind", "dstKind", "copyKind"} <= c else "-1")
+    sql = (f"SELECT {_copy_columns(c)}, {column_or(c, 'copyKind', 'm')}, "
+           f"{host_kind} FROM {s.t(T)} m WHERE m.end >= m.start")
+    df = query(con, sql, dict(MEMCPY_COLS, kind="int64", pinned="int64"))
+    df["kind"] = df["kind"].map(KIND_NAMES).fillna("other")
+    df["pinned"] = df["pinned"] == PINNED_KIND
+    return df
+
+
+def read_memset(con, s: Schema, missing: list) -> pd.DataFrame:
+    T = "CUPTI_ACTIVITY_KIND_MEMSET"
+    c = _columns_if(s, T, ("start", "end"), missing, "memset (CUPTI_ACTIVITY_KIND_MEMSET)")
+    if c is None:
+        return empty_frame(MEMSET_COLS)
+    sql = f"SELECT {_copy_columns(c)} FROM {s.t(T)} m WHERE m.end >= m.start"
+    return query(con, sql, MEMSET_COLS)
+
+
+def read_runtime(con, s: Schema, strings: str | None, missing: list,
+                 api_names: re.Pattern | None = None) -> pd.DataFrame:
+    """CUDA API calls; with ``api_names``, only calls whose name (version suffix cut) matches.
+
+    The filter runs in SQLite (``nameId IN (...)``, ids picked from the string table), so the
+    many calls nobody reads (cudaEventRecord, cudaStreamIsCapturing, cuKernelGetName...:
+    about 70% of a training capture's API calls) never leave the database.
+    """
+    T = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if not s.has(T, "start", "end") or not strings:
+        missing.append("CUDA API calls (CUPTI_ACTIVITY_KIND_RUNTIME)")
+        return empty_frame(RUNTIME_COLS)
+    c = s.columns[T]
+    name_col = "nameId" if "nameId" in c else ("name" if "name" in c else None)
+    if name_col is None:
+        missing.append("CUDA API call names")
+        return empty_frame(RUNTIME_COLS)
+    # cudaLaunchKernel_v7000 -> cudaLaunchKernel: names stay comparable across CUDA versions
+    plain = {i: _VERSION_SUFFIX.sub("", str(v)) for i, v in con.execute(f"SELECT id, value FROM {strings}")}
+    if api_names is not None:
+        plain = {i: v for i, v in plain.items() if api_names.match(v)}
+        wanted = ",".join(str(int(i)) for i in plain) or "NULL"
+        where = f"r.{name_col} IN ({wanted})"
+    else:
+        where = f"r.{name_col} IN (SELECT id FROM {strings})"
+    tid = "r.globalTid" if "globalTid" in c else "0"
+    sql = (f"SELECT r.start, r.end, {pid_expr(tid)}, ({tid} & 16777215), "
+           f"{column_or(c, 'correlationId', 'r')}, r.{name_col} FROM {s.t(T)} r "
+           f"WHERE r.end >= r.start AND {where}")
+    df = query(con, sql, dict(RUNTIME_COLS, name="int64"))
+    # names travel as string ids and are mapped once per distinct id
+    ids = df["name"].to_numpy()
+    if not len(ids):
+        df["name"] = pd.Categorical(pd.Series([], dtype=object))
+        return df
+    uniq, codes = np.unique(ids, return_inverse=True)
+    # two ids can carry one plain name (two versions of a call): categories by plain name
+    cats, to_cat = np.unique(np.array([plain.get(int(i), "") for i in uniq], dtype=object),
+                             return_inverse=True)
+    df["name"] = pd.Categorical.from_codes(to_cat[codes], categories=pd.Index(cats, dtype="str"))
+    return df
+
+
+def read_nvtx(con, s: Schema, strings: str | None, missing: list) -> pd.DataFrame:
+    T = "NVTX_EVENTS"
+    c = _columns_if(s, T, ("start",), missing, "NVTX ranges (NVTX_EVENTS)")
+    if c is None:
+        return empty_frame(NVTX_COLS)
+    if "text" in c and "textId" in c and strings:
+        text = f"coalesce(n.text, (SELECT value FROM {strings} WHERE id=n.textId))"
+    elif "text" in c:
+        text = "n.text"
+    elif "textId" in c and strings:
+        text = f"(SELECT value FROM {strings} WHERE id=n.textId)"
+    else:
+        text = "NULL"
+    tid = "n.globalTid" if "globalTid" in c else "0"
+    dom = "coalesce(n.domainId, 0)" if "domainId" in c else "0"
+    types = ",".join(str(t) for t in NVTX_RANGE_TYPES)
+    et = f"n.eventType IN ({types}) AND " if "eventType" in c else ""
+    end = "n.end" if "end" in c else "n.start"
+    sql = (f"SELECT n.start, {end}, {pid_expr(tid)}, ({tid} & 16777215), {text}, {dom} "
+           f"FROM {s.t(T)} n WHERE {et}{end} IS NOT NULL AND {end} >= n.start")
+    df = query(con, sql, dict(NVTX_COLS, domain="int64"))
+    domains = {0: ""}
+    if "eventType" in c and "domainId" in c and "text" in c:
+        for dom_id, name in con.execute(
+                f"SELECT domainId, text FROM {s.t(T)} WHERE eventType=?", (NVTX_DOMAIN_CREATE,)):
+            domains[dom_id] = name or ""
+    df["domain"] = df["domain"].map(domains).fillna("")
+    df["text"] = df["text"].fillna("")
+    if df.empty:
+        missing.append("NVTX ranges (NVTX_EVENTS empty)")
+    return df
+
+
+def read_gpus(con, s: Schema, missing: list) -> pd.DataFrame:
+    for T in ("TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU"):
+        if s.has(T, "id"):
+            c = s.columns[T]
+            dev = "cuDevice" if T == "TARGET_INFO_CUDA_GPU" and "cuDevice" in c else "id"
+            sql = (f"SELECT {dev}, {'name' if 'name' in c else 'NULL'}, "
+                   f"{'smCount' if 'smCount' in c else '0'}, {'totalMemory' if 'totalMemory' in c else '0'} "
+                   f"FROM {s.t(T)}")
+            df = query(con, sql, GPU_COLS).drop_duplicates("device")
+            df["name"] = df["name"].fillna("").astype(str)
+            return df
+    missing.append("GPU properties (TARGET_INFO_GPU)")
+    return empty_frame(GPU_COLS)
+
+
+def read_gpu_metrics(con, s: Schema, missing: list) -> pd.DataFrame:
+    if not (s.has("GPU_METRICS", "timestamp", "metricId", "value")
+            and s.has("TARGET_INFO_GPU_METRICS", "metricId", "metricName")):
+        missing.append("GPU metrics (GPU_METRICS; capture with --gpu-metrics-device)")
+        return empty_frame(METRIC_COLS)
+    names = {}
+    for mid, mname in con.execute(
+            f"SELECT DISTINCT metricId, metricName FROM {s.t('TARGET_INFO_GPU_METRICS')}"):
+        base = str(mname).split(" [")[0]
+        if base in METRICS_WANTED and "Throughput %" in str(mname):
+            names[mid] = METRICS_WANTED[base]
+    if not names:
+        missing.append("GPU metrics (no SM Active metric)")
+        return empty_frame(METRIC_COLS)
+    ids = ",".join("?" * len(names))
+    # typeId identifies the GPU; with one GPU per report (the usual case) it maps to device 0,
+    # else to devices in typeId order (nsys numbers metric sources in device order).
+    type_ids = [r[0] for r in con.execute(
+        f"SELECT DISTINCT typeId FROM {s.t('GPU_METRICS')} ORDER BY typeId")]
+    dev_of = {t: i for i, t in enumerate(type_ids)}
+    df = query(con, f"SELECT timestamp, typeId, metricId, value FROM {s.t('GPU_METRICS')} "
+                     f"WHERE metricId IN ({ids})", dict(timestamp="int64", device="int64",
+                                                         metric="int64", value="float64"),
+                params=tuple(names))
+    df["device"] = df["device"].map(dev_of).astype(np.int64)
+    df["metric"] = df["metric"].map(names)
+    return df
+
+
+def read_memory_events(con, s: Schema, missing: list) -> pd.DataFrame:
+    T = "CUDA_GPU_MEMORY_USAGE_EVENTS"
+    c = _columns_if(s, T, ("start", "bytes", "memoryOperationType"), missing,
+                    "GPU memory usage (CUDA_GPU_MEMORY_USAGE_EVENTS; capture with --cuda-memory-usage=true)")
+    if c is None:
+        return empty_frame(MEMEV_COLS)
+    # memoryOperationType 0 = allocation, 1 = deallocation; memKind 2 = device memory
+    kind = "AND memKind=2" if "memKind" in c else ""
+    sql = (f"SELECT start, {pid_expr('globalPid') if 'globalPid' in c else '0'}, "
+           f"{'deviceId' if 'deviceId' in c else '0'}, "
+           f"CASE WHEN memoryOperationType=0 THEN bytes ELSE -bytes END FROM {s.t(T)} WHERE 1=1 {kind}")
+    return query(con, sql, MEMEV_COLS)
+
+
+def read_meta(con, s: Schema, prof: RawProfile) -> None:
+    if s.has("META_DATA_CAPTURE", "name", "value"):
+        args: dict[int, str] = {}
+        for name, value in con.execute(f"SELECT name, value FROM {s.t('META_DATA_CAPTURE')}"):
+            name, value = str(name), "" if value is None else str(value)
+            m = re.match(r"PROCESS_0:(COMMAND|ARGUMENT_(\d+)|ENVIRONMENT_VARIABLE)$", name)
+            if not m:
+                continue
+            if m.group(1) == "COMMAND":
+                args[-1] = value
+            elif m.group(2) is not None:
+                args[int(m.group(2))] = value
+            else:
+                k, _, v = value.partition("=")
+                prof.env[k.strip()] = v.strip().strip('"')
+        prof.command = [args[k] for k in sorted(args)]
+    else:
+        prof.missing.append("captured command line (META_DATA_CAPTURE)")
+    if s.has("META_DATA_EXPORT", "name", "value"):
+        row = con.execute(f"SELECT value FROM {s.t('META_DATA_EXPORT')} "
+                          "WHERE name='EXPORT_PRODUCT_VERSION'").fetchone()
+        prof.nsys_version = str(row[0]) if row and row[0] is not None else ""
+    if s.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
+        row = con.execute(f"SELECT utcEpochNs FROM {s.t('TARGET_INFO_SESSION_START_TIME')}").fetchone()
+        try:
+            prof.session_start_ns = int(row[0]) if row and row[0] is not None else None
+        except (TypeError, ValueError):  # a damaged value is as good as none
+            prof.session_start_ns = None
