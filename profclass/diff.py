@@ -26,6 +26,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 import numpy as np
 
 from .classify import WALLS
+from .contract import stamp
 from .errors import ProfileError
 from .pipeline import Diagnosis, _jsonable
 from .pipeline import diagnose as _diagnose
@@ -145,7 +146,7 @@ class DiffResult:
     pitfalls: list[dict] = field(default_factory=list)  # rules with scope "diff" (data/rules.toml)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_jsonable)

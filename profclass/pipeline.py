@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from . import classify, comm, config, fixes, pitfalls
+from .contract import stamp
 from .errors import ProfileError
 from .inputs import resolve
 from .kernel_table import kernel_table, table_records
@@ -48,7 +49,7 @@ class Diagnosis:
     timelines = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
