@@ -108,14 +108,25 @@ def check_readable(doc: dict, path: str) -> str | None:
     return v
 
 
-def saved_side_notes(name: str, path: str, version: str | None, writer: str | None) -> list[str]:
-    """What a diff cannot do for a side read from saved JSON instead of a profile."""
-    made = f"schema {version}, profclass {writer}" if version else "written before schema_version existed"
-    notes = [f"{name}: read from saved diagnosis {path} ({made}): its iteration window was fixed when it was "
-             "written (--iteration-range does not apply to it)"]
-    if writer and writer != profclass_version():
-        notes.append(f"{name}: analysed by profclass {writer}, not {profclass_version()}: part of a change can be "
-                     "the analyser's, not the run's")
+def saved_side_notes(base, candidate) -> list[str]:
+    """What a diff cannot do for a side read from saved JSON instead of a profile (diff's notes).
+
+    Everything diff compares is in the saved diagnosis (step times per iteration, walls,
+    features, collectives, config, and the full per-kernel table ``kernels``), so the numbers are
+    those of a diff of the profiles; what is lost is re-analysis: the iteration window and the
+    analysis are those of the profclass that wrote the JSON."""
+    notes = []
+    for name, d in (("base", base), ("candidate", candidate)):
+        saved = getattr(d, "saved_from", None)
+        if not saved:
+            continue
+        path, version, writer = saved
+        made = f"schema {version}, profclass {writer}" if version else "written before schema_version existed"
+        notes.append(f"{name}: read from saved diagnosis {path} ({made}): its iteration window and analysis are "
+                     "those it was written with (--iteration-range does not apply to it)")
+        if writer and writer != profclass_version():
+            notes.append(f"{name}: analysed by profclass {writer}, not {profclass_version()}: part of the change "
+                         "can be the analyser's, not the run's")
     return notes
 
 

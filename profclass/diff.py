@@ -26,7 +26,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 import numpy as np
 
 from .classify import WALLS
-from .contract import stamp
+from .contract import check_readable, saved_side_notes, stamp
 from .errors import ProfileError
 from .pipeline import Diagnosis, _jsonable
 from .pipeline import diagnose as _diagnose
@@ -96,6 +96,7 @@ def _load_json(path: str) -> Diagnosis:
         raise ProfileError(path, f"not JSON ({exc.msg} at line {exc.lineno})") from None
     if isinstance(doc, dict) and isinstance(doc.get("diagnosis"), dict):
         doc = doc["diagnosis"]  # a `profclass hook` record
+    version = check_readable(doc, path) if isinstance(doc, dict) else None  # same major, or refused
     names = {f.name for f in fields(Diagnosis)}
     required = {f.name for f in fields(Diagnosis) if f.default is MISSING and f.default_factory is MISSING}
     if not isinstance(doc, dict) or not required <= doc.keys():
@@ -104,7 +105,9 @@ def _load_json(path: str) -> Diagnosis:
     if not doc.get("kernels"):
         raise ProfileError(path, "stored diagnosis has no per-kernel table (written by an older profclass); "
                                  "diff the profile itself")
-    return Diagnosis(**{k: v for k, v in doc.items() if k in names})
+    d = Diagnosis(**{k: v for k, v in doc.items() if k in names})
+    d.saved_from = (path, version, doc.get("profclass_version"))  # for the notes (profclass.contract)
+    return d
 
 
 def _as_diagnosis(side, iteration_regex: str | None) -> Diagnosis:
@@ -394,6 +397,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     for name, d in (("base", b), ("candidate", c)):
         if d.window["source"] == "whole":
             notes.append(f"{name}: no iterations found (whole capture used), so its step time has no spread")
+    notes += saved_side_notes(b, c)
     return DiffResult(
         base=_side(b), candidate=_side(c), step=step, significant=significant, regression=regression,
         improvement=improvement, change=change,
