@@ -62,7 +62,8 @@ with `missing`:
 
 - `devices[].features.idle_sync_ns`, `idle_launch_ns`, `idle_alloc_ns`, `sync_calls`,
   `sync_call_ns`, `alloc_calls`, `alloc_call_ns`: 0 when the CUDA runtime API was not traced
-  (`missing` names CUPTI_ACTIVITY_KIND_RUNTIME); idle is then all `idle_other_ns`.
+  (`missing` names the runtime table), and so is `graph_launches`; the idle then lands mostly in
+  `idle_other_ns`.
 - `devices[].features.gc_ns` (and the `gc` fix's gain): 0 unless the training code marks garbage
   collection with NVTX ranges.
 - `devices[].features.recompute_ratio`, `recompute_ns`: 0 when no forward/backward kernel pairs

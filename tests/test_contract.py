@@ -239,3 +239,17 @@ def test_the_closed_check_catches_an_undescribed_field(diagnosis):
     doc["devices"][0]["features"]["peak_memory_bytes"] = "unknown"
     with pytest.raises(AssertionError, match="peak_memory_bytes"):
         _validate("diagnose", doc)
+
+
+def test_hook_record_carries_versions_and_input_hashes(tmp_path, diagnosis):
+    from profclass.hook import run_hook
+    prof = profile_path("compute_1gpu")
+    base = _save(tmp_path, diagnosis, "compute_1gpu", tag="_baseline")
+    res = run_hook(str(prof), out=str(tmp_path / "out"), baseline=base)
+    rec = json.loads(Path(res.json_path).read_text())
+    assert list(rec)[:2] == ["schema_version", "profclass_version"]
+    assert rec["schema_version"] == SCHEMA_VERSION and rec["profclass_version"] == contract.profclass_version()
+    assert rec["input_sha256"] == {str(prof): hashlib.sha256(prof.read_bytes()).hexdigest(),
+                                   base: hashlib.sha256(Path(base).read_bytes()).hexdigest()}
+    _validate("diagnose", rec["diagnosis"])
+    _validate("diff", rec["diff"])
