@@ -10,8 +10,9 @@ describe the output exactly are package data, ``profclass/data/schema/<kind>.sch
 Changing the output (see docs/json.md, "Changing the output"):
 
 - add a field  -> describe it in the schema, bump the MINOR of ``SCHEMA_VERSION`` (and the
-  schema's ``schema_version`` const), regenerate tests/data/schema_fields_v1.txt
-  (``python -m profclass.contract --fields``) and docs/json.md;
+  schema's ``schema_version`` const), update tests/data/schema_fields_v1.txt
+  (``python -m profclass.contract --fields tests/data/schema_fields_v1.txt``, which refuses added
+  fields without a newer version and removed ones without a new major) and docs/json.md;
 - remove or rename a field, or change what one means -> bump the MAJOR, and start a new
   ``schema_fields_v<major>.txt``.
 
@@ -178,16 +179,49 @@ def field_paths(schema: dict, root: dict | None = None, prefix: str = "") -> set
 
 def fields_text() -> str:
     """tests/data/schema_fields_v<major>.txt: the released field paths of every schema."""
-    lines = [f"# schema {SCHEMA_VERSION}: field paths of the shipped schemas (python -m profclass.contract --fields)"]
+    lines = [f"# schema {SCHEMA_VERSION}: field paths of the shipped schemas (python -m profclass.contract --fields FILE)"]
     for kind in SCHEMA_KINDS:
         lines += [f"{kind}:{p}" for p in sorted(field_paths(load_schema(kind)))]
     return "\n".join(lines) + "\n"
 
 
+def _version_tuple(v: str) -> tuple[int, ...]:
+    major(v)
+    return tuple(int(x) for x in v.split("."))
+
+
+def update_fields(path: str) -> str:
+    """Rewrite the released field list at ``path`` for the current schemas; refuses (ValueError)
+    to record added fields without a newer version, or removed ones without a new major."""
+    new = fields_text()
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+        old_version = lines[0].split()[2].rstrip(":")
+        old = {ln for ln in lines[1:] if ln and not ln.startswith("#")}
+        cur = set(new.splitlines()[1:])
+        if old - cur and major(old_version) == major(SCHEMA_VERSION):
+            raise ValueError(f"fields removed or renamed since schema {old_version} need a new major version "
+                             f"(and a new schema_fields_v<major>.txt): {sorted(old - cur)[:5]}")
+        if cur - old and _version_tuple(SCHEMA_VERSION) <= _version_tuple(old_version):
+            raise ValueError(f"fields added since schema {old_version}: bump the minor of SCHEMA_VERSION "
+                             f"first: {sorted(cur - old)[:5]}")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(new)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--fields"]:
-        sys.stdout.write(fields_text())
+        if len(argv) > 1:
+            try:
+                update_fields(argv[1])
+            except ValueError as exc:
+                sys.stderr.write(f"profclass.contract: {argv[1]}: {exc}\n")
+                return 2
+        else:
+            sys.stdout.write(fields_text())
         return 0
     if argv[:1] == ["--docs"]:
         from .contract_docs import render_docs
@@ -201,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] and argv[0] in SCHEMA_KINDS:
         sys.stdout.write(schema_text(argv[0]))
         return 0
-    sys.stderr.write("usage: python -m profclass.contract diagnose|diff | --fields | --docs [FILE]\n")
+    sys.stderr.write("usage: python -m profclass.contract diagnose|diff | --fields [FILE] | --docs [FILE]\n")
     return 2
 
 

@@ -45,8 +45,10 @@ record of `profclass hook` are an interface: post-job hooks, CI gates and dashbo
 
 - Add a field: describe it in the schema (description with its unit, `null` and when), bump the
   minor of `SCHEMA_VERSION` in `profclass/contract.py` and the schema's `schema_version` const,
-  regenerate `tests/data/schema_fields_v1.txt` (`python -m profclass.contract --fields`) and this
-  file, and regenerate the JSON snapshots (tests/test_json_snapshots.py).
+  update `tests/data/schema_fields_v1.txt` (`python -m profclass.contract --fields
+  tests/data/schema_fields_v1.txt`: it refuses added fields without a newer version, removed ones
+  without a new major) and this file, and regenerate the JSON snapshots
+  (tests/test_json_snapshots.py).
 - Remove or rename a field, or change a meaning (units, what `confidence` measures, 0 becoming
   null): bump the major, start `tests/data/schema_fields_v<major>.txt`, and say so in the notes
   of the release. tests/test_contract.py fails when a released field path disappears while the

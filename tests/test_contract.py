@@ -130,8 +130,22 @@ def test_added_fields_move_the_minor():
     if added:
         assert tuple(map(int, SCHEMA_VERSION.split("."))) > tuple(map(int, version.split("."))), (
             f"fields added since schema {version} without a minor version bump: {added[:10]}")
-    assert FIELDS.read_text() == contract.fields_text() or added, (
-        f"{FIELDS.name} is stale: python -m profclass.contract --fields > {FIELDS.relative_to(ROOT)}")
+    assert FIELDS.read_text() == contract.fields_text(), (
+        f"{FIELDS.name} is stale: python -m profclass.contract --fields {FIELDS.relative_to(ROOT)}")
+
+
+def test_the_field_list_update_refuses_unversioned_changes(tmp_path, monkeypatch):
+    listed = tmp_path / "fields.txt"
+    listed.write_text(contract.fields_text())
+    real = contract.fields_text()
+    monkeypatch.setattr(contract, "fields_text", lambda: real + "diagnose:brand_new\n")
+    with pytest.raises(ValueError, match="bump the minor"):
+        contract.update_fields(str(listed))
+    monkeypatch.setattr(contract, "SCHEMA_VERSION", "1.1.0")
+    contract.update_fields(str(listed))  # a newer minor may add
+    monkeypatch.setattr(contract, "fields_text", lambda: real.replace("diagnose:walls.host\n", ""))
+    with pytest.raises(ValueError, match="new major"):
+        contract.update_fields(str(listed))
 
 
 def test_field_paths_notice_a_rename():
