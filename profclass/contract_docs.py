@@ -22,9 +22,10 @@ record of `profclass hook` are an interface: post-job hooks, CI gates and dashbo
   `profclass schema diff` print them (`profclass/data/schema/`). Validate with any draft 2020-12
   validator, e.g. `profclass diagnose run.sqlite --format json > d.json && profclass schema
   diagnose > s.json && python -m jsonschema -i d.json s.json` (or `check-jsonschema`).
-  Objects accept properties they do not list, so a newer minor still validates against an older
-  schema of the same major; the schema's `schema_version` is a `const` of the version it
-  describes.
+  Objects accept properties they do not list, so what a reader of 1.0 relies on holds for any
+  1.x output. The schema's `schema_version` is a `const` of the exact version it describes:
+  validate an output with the schema of its own version (or, to check 1.x output against the
+  1.0.0 schema, drop that one `const`).
 - **Unknown is `null`.** A value profclass could not measure is `null` where the tables below say
   "Null when ...". Exceptions (unknown reads 0 or an empty string in 1.x) are listed under
   [Known zeros](#known-zeros).
