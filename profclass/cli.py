@@ -6,7 +6,6 @@ import sys
 
 import click
 
-from .classify import WALLS
 from .errors import ProfileError
 
 EXIT_BAD_INPUT = 2
@@ -55,6 +54,7 @@ def check_output(path: str | None) -> None:
 
 
 def _walls(ctx, param, value):
+    from .classify import WALLS
     if not value:
         return []
     walls = [w.strip() for w in value.split(",") if w.strip()]
@@ -132,6 +132,14 @@ def explain(fmt):
         click.echo(json.dumps(reference(), indent=2))
     else:
         click.echo(render_reference(), nl=False)
+
+
+@main.command()
+@click.argument("kind", type=click.Choice(["diagnose", "diff"]))
+def schema(kind):
+    """Print the JSON Schema (draft 2020-12) of the JSON output of KIND (diagnose or diff)."""
+    from .contract import schema_text
+    click.echo(schema_text(kind), nl=False)
 
 
 @main.command()

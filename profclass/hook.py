@@ -89,6 +89,7 @@ def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_a
     against ``baseline`` (profile paths or a stored diagnosis JSON), write the JSON and
     Markdown reports and return the one-line summary and the exit code the job should use."""
     from . import __version__, report
+    from .contract import input_hashes, stamp
     from .diff import ALPHA, MIN_EFFECT, diff, one_line as diff_line, render_markdown as diff_md
     from .pipeline import diagnose
 
@@ -129,8 +130,9 @@ def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_a
         line += f"; FAIL: {d.verdict['wall']} wall"
     json_path, md_path, notes = _targets(paths, out)
     messages += notes
-    record = dict(profclass_hook=1, version=__version__, profiles=paths, baseline=baseline or None,
-                  summary=line, exit_code=code, diagnosis=d.to_dict(), diff=r.to_dict() if r else None)
+    record = stamp(dict(profclass_hook=1, version=__version__, profiles=paths, baseline=baseline or None,
+                        input_sha256=input_hashes(paths + baseline),
+                        summary=line, exit_code=code, diagnosis=d.to_dict(), diff=r.to_dict() if r else None))
     md = report.render_markdown(d) + ("\n" + diff_md(r) if r else "")
     try:
         with open(json_path, "w") as fh:

@@ -19,6 +19,7 @@ import pandas as pd
 from . import analyzers, classify, config, fixes, pitfalls
 from .analyzers import GpuRecord, Job, communication, iterations, memory, stragglers
 from .clocks import align_clocks
+from .contract import stamp
 from .errors import ProfileError
 from .inputs import resolve
 from .kernel_table import kernel_table, table_records
@@ -52,7 +53,7 @@ class Diagnosis:
     timelines = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_jsonable)

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..classify import WALLS
+from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
 from ..pipeline import Diagnosis, _jsonable
 from .saved import as_diagnosis
@@ -40,7 +41,7 @@ class DiffResult:
     pitfalls: list[dict] = field(default_factory=list)  # rules with scope "diff" (data/rules.toml)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
@@ -277,6 +278,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     for name, d in (("base", b), ("candidate", c)):
         if d.window["source"] == "whole":
             notes.append(f"{name}: no iterations found (whole capture used), so its step time has no spread")
+    notes += saved_side_notes(b, c)
     return DiffResult(
         base=_side(b), candidate=_side(c), step=step, significant=significant, regression=regression,
         improvement=improvement, change=change,

@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import MISSING, fields
 
+from ..contract import check_readable
 from ..errors import ProfileError
 from ..pipeline import Diagnosis
 from ..pipeline import diagnose as _diagnose
@@ -22,6 +23,7 @@ def load_saved(path: str) -> Diagnosis:
         raise ProfileError(path, f"not JSON ({exc.msg} at line {exc.lineno})") from None
     if isinstance(doc, dict) and isinstance(doc.get("diagnosis"), dict):
         doc = doc["diagnosis"]  # a `profclass hook` record
+    version = check_readable(doc, path) if isinstance(doc, dict) else None  # same major, or refused
     names = {f.name for f in fields(Diagnosis)}
     required = {f.name for f in fields(Diagnosis) if f.default is MISSING and f.default_factory is MISSING}
     if not isinstance(doc, dict) or not required <= doc.keys():
@@ -30,7 +32,9 @@ def load_saved(path: str) -> Diagnosis:
     if not doc.get("kernels"):
         raise ProfileError(path, "stored diagnosis has no per-kernel table (written by an older profclass); "
                                  "diff the profile itself")
-    return Diagnosis(**{k: v for k, v in doc.items() if k in names})
+    d = Diagnosis(**{k: v for k, v in doc.items() if k in names})
+    d.saved_from = (path, version, doc.get("profclass_version"))  # for the notes (profclass.contract)
+    return d
 
 
 def as_diagnosis(side, iteration_regex: str | None) -> Diagnosis:
