@@ -47,7 +47,7 @@ def select(walls: list[str], ctx: dict, flags: dict, numbers: dict, step_ms: flo
                 continue
             gain = max(0.0, float(GAINS[fix["gain"]](numbers))) if fix.get("gain") else 0.0
             gain = min(gain, step_ms)
-            mine.append({"wall": wall, "title": fix["title"], "flags": fix["flags"], "why": fix["why"],
+            mine.append({"id": fix["id"], "wall": wall, "title": fix["title"], "flags": fix["flags"], "why": fix["why"],
                          "for": "verdict" if rank == 0 else "runner_up",
                          "expected_gain_ms": round(gain, 2),
                          "expected_gain_pct": round(100.0 * gain / step_ms, 1) if step_ms else 0.0,
