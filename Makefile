@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO ?= fixtures/profiles/comm_4gpu.sqlite.zst
 
-.PHONY: install demo test bench clean nsys fuzz
+.PHONY: install demo test bench calibrate clean nsys fuzz
 
 $(BIN)/profclass: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -49,3 +49,8 @@ BENCH_ARGS ?=
 bench: install nsys
 	$(BIN)/pip install -q -e '.[test,dask,bench]'
 	$(BIN)/python bench/bench.py --out bench/out/results.md $(BENCH_ARGS)
+
+# Refit the wall thresholds on the labelled corpus (scikit-learn comes with the calibrate extra)
+calibrate: install
+	$(BIN)/pip install -q -e '.[calibrate]'
+	$(BIN)/python bench/calibrate.py --write
