@@ -43,8 +43,10 @@ fuzz: install
 	s2=$$?; wait $$p; s1=$$?; test $$s1 -eq 0 -a $$s2 -eq 0
 	$(BIN)/python -c "import json,glob; c={}; [c.__setitem__(k, max(c.get(k, 0), v) if k.endswith('_max_ms') else c.get(k, 0) + v) for f in sorted(glob.glob('build/fuzz-*.json')) for k, v in json.load(open(f)).items()]; print(json.dumps(dict(sorted(c.items())), indent=1))"
 
-# Side-by-side benchmark (bench/bench.py): profclass diagnose vs nsys stats vs nsys-ai on
-# exports grown to 100 MB / 1 GB / 4 GB from a real fixture (built into bench/out/ when missing)
+# Side-by-side benchmark (bench/bench.py): start-up (--help, explain, a cold diagnosis of the
+# smallest fixture against nsys-ai), then profclass diagnose vs nsys stats vs nsys-ai on
+# exports grown to 100 MB / 1 GB / 4 GB from a real fixture (built into bench/out/ when
+# missing). BENCH_ARGS=--startup-only runs the first part alone.
 BENCH_ARGS ?=
 bench: install nsys
 	$(BIN)/pip install -q -e '.[test,dask,bench]'
