@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO ?= fixtures/profiles/comm_4gpu.sqlite.zst
 
-.PHONY: install demo test bench clean nsys fuzz
+.PHONY: install demo test bench calibrate clean nsys fuzz
 
 $(BIN)/profclass: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -43,9 +43,16 @@ fuzz: install
 	s2=$$?; wait $$p; s1=$$?; test $$s1 -eq 0 -a $$s2 -eq 0
 	$(BIN)/python -c "import json,glob; c={}; [c.__setitem__(k, max(c.get(k, 0), v) if k.endswith('_max_ms') else c.get(k, 0) + v) for f in sorted(glob.glob('build/fuzz-*.json')) for k, v in json.load(open(f)).items()]; print(json.dumps(dict(sorted(c.items())), indent=1))"
 
-# Side-by-side benchmark (bench/bench.py): profclass diagnose vs nsys stats vs nsys-ai on
-# exports grown to 100 MB / 1 GB / 4 GB from a real fixture (built into bench/out/ when missing)
+# Side-by-side benchmark (bench/bench.py): start-up (--help, explain, a cold diagnosis of the
+# smallest fixture against nsys-ai), then profclass diagnose vs nsys stats vs nsys-ai on
+# exports grown to 100 MB / 1 GB / 4 GB from a real fixture (built into bench/out/ when
+# missing). BENCH_ARGS=--startup-only runs the first part alone.
 BENCH_ARGS ?=
 bench: install nsys
 	$(BIN)/pip install -q -e '.[test,dask,bench]'
 	$(BIN)/python bench/bench.py --out bench/out/results.md $(BENCH_ARGS)
+
+# Refit the wall thresholds on the labelled corpus (scikit-learn comes with the calibrate extra)
+calibrate: install
+	$(BIN)/pip install -q -e '.[calibrate]'
+	$(BIN)/python bench/calibrate.py --write

@@ -14,6 +14,17 @@ nsys-ai adds indexes to the SQLite file it is given (it writes into its input), 
 on a private copy of the export, made before its clock starts, and removed after.
 Then the profclass curve over --curve sizes, and the loader's rows/s (bench/loaders.py).
 Prints a Markdown table; --out writes it too.
+
+First, start-up (``--startup-only`` runs just this; ``--no-startup`` skips it): the median of
+--runs fresh processes each of ``profclass --help``, ``profclass explain`` and a cold
+diagnosis of the smallest fixture that diagnoses (``--format json``, as given and decompressed)
+against ``nsys-ai diagnose`` on the same decompressed file. Cold means a new process and, for
+nsys-ai, a fresh copy of the file with a scratch HOME and working directory each run (no
+cache or index from an earlier run); Python's bytecode and the OS page cache are warm (one
+untimed run of each first). nsys-ai runs twice over: as installed, and with DuckDB's extension
+auto-install off (a sitecustomize shim): offline, its cold run otherwise spends seconds failing
+to download DuckDB's ``sqlite_scanner`` before it falls back to sqlite3, and the shim measures
+that same fallback without the wait.
 """
 from __future__ import annotations
 
@@ -22,9 +33,11 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -104,6 +117,140 @@ def run_tools(path: str, timeout: float) -> list[dict]:
     return rows
 
 
+# nsys-ai with DuckDB's extension auto-install off: it then falls back to sqlite3 at once
+NO_AUTOINSTALL_SHIM = """\
+import duckdb
+_connect = duckdb.connect
+
+
+def connect(*args, **kwargs):
+    config = dict(kwargs.pop("config", None) or {})
+    config.setdefault("autoinstall_known_extensions", False)
+    return _connect(*args, config=config, **kwargs)
+
+
+duckdb.connect = connect
+"""
+
+
+def timed(cmd: list[str], env=None, cwd=None, timeout: float = 600) -> dict:
+    """Wall time (perf_counter from fork to reap) and peak RSS (ru_maxrss of the reaped
+    process) of one short command; no polling, so milliseconds count."""
+    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, env=env, cwd=cwd)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        err_f.seek(0)
+        err = err_f.read().decode(errors="replace")
+    return dict(wall_s=wall, rss_mib=usage.ru_maxrss / 1024, rc=proc.returncode, stderr=err)
+
+
+def median_runs(runs: int, makers: list, warm_up: bool = True) -> list[dict]:
+    """Median wall and max peak RSS over ``runs`` runs of each command, interleaved (run i of
+    every command, then run i + 1), so that a change in the machine's load falls on all of
+    them alike. A maker gives (cmd, env, cwd) for run i (a fresh scratch directory each time
+    where the tool needs one); run -1 is the untimed warm-up."""
+    if warm_up:
+        for make_cmd in makers:
+            timed(*make_cmd(-1))
+    results = [[] for _ in makers]
+    for i in range(runs):
+        for k, make_cmd in enumerate(makers):
+            results[k].append(timed(*make_cmd(i)))
+    out = []
+    for rs in results:
+        bad = [r for r in rs if r["rc"] != 0]
+        walls = [r["wall_s"] for r in rs]
+        out.append(dict(median_s=statistics.median(walls), min_s=min(walls), max_s=max(walls),
+                        rss_mib=max(r["rss_mib"] for r in rs), runs=runs,
+                        error=(bad[0]["stderr"].strip().splitlines() or [f"rc {bad[0]['rc']}"])[-1][:160]
+                        if bad else None))
+    return out
+
+
+def smallest_fixture(profclass: str) -> str | None:
+    """The smallest committed .sqlite.zst that profclass diagnoses (some schema fixtures hold
+    no kernels and are refused)."""
+    root = os.path.join(ROOT, "fixtures", "profiles")
+    found = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".sqlite.zst")]
+    for path in sorted(found, key=os.path.getsize):
+        if timed([profclass, "diagnose", path, "--format", "json", "-q"])["rc"] == 0:
+            return path
+    return None
+
+
+def run_startup(runs: int, nsys_ai: str | None) -> list[str]:
+    profclass = os.path.join(BIN, "profclass")
+    rows: list[tuple[str, dict, str]] = []
+    simple = [("python -c pass (the interpreter alone)", [sys.executable, "-c", "pass"], "floor"),
+              ("profclass --help", [profclass, "--help"], ""), ("profclass explain", [profclass, "explain"], "")]
+    measured = median_runs(runs, [lambda i, c=cmd: (c, None, None) for _, cmd, _ in simple])
+    rows += [(label, r, note) for (label, _, note), r in zip(simple, measured)]
+    small = smallest_fixture(profclass)
+    if small is None:
+        return ["no fixture diagnoses: start-up section skipped"]
+    name = os.path.relpath(small, ROOT)
+    with tempfile.TemporaryDirectory(dir=OUT) as tmp:
+        plain = os.path.join(tmp, os.path.basename(small)[:-4])
+        with open(small, "rb") as fin, open(plain, "wb") as fout:
+            import zstandard
+            zstandard.ZstdDecompressor().copy_stream(fin, fout)
+        mib = os.path.getsize(plain) / 2**20
+        shim = os.path.join(tmp, "shim")
+        os.makedirs(shim)
+        with open(os.path.join(shim, "sitecustomize.py"), "w") as fh:
+            fh.write(NO_AUTOINSTALL_SHIM)
+
+        def nsys_ai_cmd(with_shim):
+            def make(i):
+                run_dir = os.path.join(tmp, f"{'shim' if with_shim else 'plain'}-{i}")
+                os.makedirs(run_dir)
+                copy = os.path.join(run_dir, os.path.basename(plain))
+                shutil.copyfile(plain, copy)  # cold: no indexes, no cache from an earlier run
+                env = dict(os.environ, HOME=run_dir)
+                if with_shim:
+                    env["PYTHONPATH"] = shim
+                return [nsys_ai, "diagnose", copy, "--format", "json", "-o", os.path.join(run_dir, "f.json")], env, run_dir
+            return make
+
+        diag = ["--format", "json", "-q"]
+        cases = [("profclass diagnose (.sqlite.zst as committed)", lambda i: ([profclass, "diagnose", small, *diag],
+                                                                              None, None), ""),
+                 ("profclass diagnose (.sqlite)", lambda i: ([profclass, "diagnose", plain, *diag], None, None),
+                  "the file nsys-ai gets")]
+        have_nsys_ai = bool(nsys_ai and os.path.exists(nsys_ai))
+        if have_nsys_ai:
+            cases += [("nsys-ai diagnose, as installed", nsys_ai_cmd(False), "cold; offline it first tries to "
+                       "download DuckDB's sqlite_scanner, then falls back to sqlite3"),
+                      ("nsys-ai diagnose, DuckDB auto-install off", nsys_ai_cmd(True), "cold; the same sqlite3 "
+                       "fallback without the download wait")]
+        measured = median_runs(runs, [make for _, make, _ in cases])
+        pc = measured[1]
+        for (label, _, note), r in zip(cases, measured):
+            if label.startswith("nsys-ai") and r["median_s"]:
+                note += f"; profclass (.sqlite) takes {pc['median_s'] / r['median_s']:.2f}x its time"
+            rows.append((label, r, note))
+        if not have_nsys_ai:
+            rows.append(("nsys-ai diagnose", dict(rss_mib=None), "not installed (pip install 'profclass[bench]')"))
+    lines = [f"Start-up and a cold diagnosis of the smallest fixture ({name}, {mib:.1f} MiB as SQLite); "
+             f"median of {runs} fresh processes each:", "",
+             "| command | median s | min s | max s | peak RSS MiB | note |", "|---|---:|---:|---:|---:|---|"]
+    def f(v):
+        return f"{v:.3f}" if v is not None else "-"
+
+    for label, r, note in rows:
+        note = note + (f"; error: {r['error']}" if r.get("error") else "")
+        lines.append(f"| {label} | {f(r['median_s'])} | {f(r['min_s'])} | {f(r['max_s'])} | "
+                     f"{r['rss_mib']:.0f} | {note} |" if r["rss_mib"] is not None else
+                     f"| {label} | - | - | - | - | {note} |")
+    return lines
+
+
 def _keep(r: dict) -> dict:
     out = {k: r[k] for k in ("wall_s", "peak_rss_mib", "rc", "timed_out")}
     if r["rc"] not in (0, None) and not r["timed_out"]:
@@ -131,17 +278,34 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900, help="per command, seconds")
     ap.add_argument("--no-loaders", action="store_true")
     ap.add_argument("--out", default=None, help="also write the Markdown here")
+    ap.add_argument("--runs", type=int, default=10, help="start-up section: runs per command (median)")
+    ap.add_argument("--no-startup", action="store_true", help="skip the start-up section")
+    ap.add_argument("--startup-only", action="store_true", help="only the start-up section")
+    ap.add_argument("--nsys-ai", default=os.environ.get("NSYS_AI", os.path.join(BIN, "nsys-ai")),
+                    help="the nsys-ai executable (default: $NSYS_AI, else beside this Python)")
     args = ap.parse_args(argv)
+    os.makedirs(OUT, exist_ok=True)
+    lines = [f"Machine: {machine()}", ""]
+    print("\n".join(lines), flush=True)
+    if not args.no_startup:
+        startup = run_startup(args.runs, args.nsys_ai) + [""]
+        lines += startup
+        print("\n".join(startup), flush=True)
+    if args.startup_only:
+        args.sizes = args.curve = ""
+        args.no_loaders = True
     sizes = args.sizes.split(",") if args.sizes else []
     curve = args.curve.split(",") if args.curve else []
     need = sorted(set(sizes) | set(curve), key=lambda s: (s[-1], float(s[:-1])))
+    if not need:
+        _write(args.out, lines)
+        return 0
     subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale_fixture.py"), "--sizes", ",".join(need)],
                    check=True)
     files = {s: os.path.join(OUT, f"dpoverlap_4gpu_{s}.sqlite") for s in need}
-    lines = [f"Machine: {machine()}", ""]
     lines += ["| file | tool | wall s | peak RSS MiB | vs profclass (wall) | note |",
               "|---|---|---:|---:|---:|---|"]
-    print("\n".join(lines), flush=True)
+    print("\n".join(lines[-2:]), flush=True)
     results = {}
     for s in sizes:
         mib = os.path.getsize(files[s]) / 2**20
@@ -176,10 +340,14 @@ def main(argv=None) -> int:
                     f"{r.get('peak_rss_mib', '-')} | {r.get('read_only', r.get('error', ''))} |")
             lines.append(line)
             print(line, flush=True)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+    _write(args.out, lines)
     return 0
+
+
+def _write(path: str | None, lines: list[str]) -> None:
+    if path:
+        with open(path, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@
     python bench/calibrate.py            # fit, print the table and leave-one-out accuracy
     python bench/calibrate.py --write    # also write profclass/data/calibration.toml
 
+Needs scikit-learn: ``pip install -e '.[calibrate]'`` (``make calibrate`` does both).
+
 The verdict is argmax over walls of share / threshold. Only the ratios between thresholds
 matter, so compute is pinned at 0.5 and the other three are searched on a grid. The fit
 maximises accuracy on the profiles built to hit a wall and without a straggler (for those

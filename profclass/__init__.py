@@ -5,33 +5,53 @@
     d.verdict["wall"], d.walls, d.fixes
     r = profclass.diff("good.sqlite", "new.sqlite")  # regression triage: r.regression, r.verdict
     profclass.run_hook("run.nsys-rep")               # post-job hook: reports beside the profile
+
+The public names are imported on first use (PEP 562), so ``import profclass`` and the command
+line's ``--help`` and ``explain`` do not pay for pandas and the rest of the pipeline.
 """
+from __future__ import annotations
+
+import sys
+import types
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from .errors import ProfileError
 
 __all__ = ["Diagnosis", "DiffResult", "HookResult", "ProfileError", "diagnose", "diff", "run_hook"]
 __version__ = "0.1.0"
 
-# The analysis (pandas, numpy) loads on first use, so that light commands (`profclass schema`,
-# profclass.contract) start fast. `profclass.diff` is the function, as it always was, even after
-# the submodule profclass.diff is imported (the import system then sets the attribute: ignored).
-import sys as _sys
-import types as _types
-
+# public name -> the submodule that defines it
 _LAZY = {"Diagnosis": "pipeline", "diagnose": "pipeline", "DiffResult": "diff", "diff": "diff",
          "HookResult": "hook", "run_hook": "hook"}
 
+if TYPE_CHECKING:
+    from .diff import DiffResult, diff
+    from .hook import HookResult, run_hook
+    from .pipeline import Diagnosis, diagnose
 
-class _Package(_types.ModuleType):
-    def __getattr__(self, name):
-        if name in _LAZY:
-            import importlib
-            return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'profclass' has no attribute {name!r}")
+    value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """``profclass.diff`` is the function, as it was when this file imported it eagerly: the
+    import system binds a submodule to its package's attribute when it first loads it, so a
+    first ``from profclass.diff import ...`` would otherwise leave the module there."""
 
     def __setattr__(self, name, value):
-        if name == "diff" and isinstance(value, _types.ModuleType):
-            return  # the submodule; profclass.diff stays the function
+        if name == "diff" and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.diff":
+            value = value.diff
         super().__setattr__(name, value)
 
 
-_sys.modules[__name__].__class__ = _Package
+sys.modules[__name__].__class__ = _Package

@@ -23,8 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from .tables import read_table
 
 if TYPE_CHECKING:
@@ -67,6 +65,8 @@ def decide(shares: dict[str, float], thresholds: dict[str, float]) -> Verdict:
 def straggler_wall(j: int, per_gpu_ns: list[dict[str, int]], iterations: list[int]) -> tuple[str, float]:
     """Why rank j is late: the non-communication wall it spends most *more* time in than the
     median of its peers (ns per step). Returns (wall, excess_ns_per_step)."""
+    import numpy as np
+
     mine = {w: per_gpu_ns[j][w] / max(iterations[j], 1) for w in WALLS}
     others = [k for k in range(len(per_gpu_ns)) if k != j]
     excess = {w: mine[w] - float(np.median([per_gpu_ns[k][w] / max(iterations[k], 1) for k in others]))
@@ -87,6 +87,8 @@ def decide_with_straggler(shares: dict[str, float], thresholds: dict[str, float]
 def job_walls(per_gpu_ns: list[dict[str, int]], iterations: list[int], exposed_wait_ns: list[int],
               straggler_gpus: list[int], target: str | None) -> dict[str, float]:
     """Job-level ns per step per wall, with waiting moved to the straggler's wall."""
+    import numpy as np
+
     per_step = []
     for j, walls in enumerate(per_gpu_ns):
         w = {k: v / max(iterations[j], 1) for k, v in walls.items()}

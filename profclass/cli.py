@@ -91,7 +91,6 @@ def main():
 def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet, jobs, scheduler):
     """Diagnose PROFILES: one nsys export holding every rank, one export per rank, or a
     directory of them (.sqlite, .sqlite.zst, .nsys-rep)."""
-    from . import report
     from .pipeline import diagnose as run
     from .progress import reporter
     check_output(output)
@@ -106,9 +105,11 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet, jobs, sched
         if fmt == "html":
             from .html import render_html
             text = render_html(d, progress=progress)
-        else:
-            text = {"json": lambda: d.to_json() + "\n", "markdown": lambda: report.render_markdown(d),
-                    "text": lambda: report.render_text(d)}[fmt]()
+        elif fmt == "json":
+            text = d.to_json() + "\n"
+        else:  # rich tables: imported only for the formats that draw them
+            from . import report
+            text = report.render_markdown(d) if fmt == "markdown" else report.render_text(d)
     if output:
         try:
             with open(output, "w", encoding="utf-8") as fh:  # the reports hold µ, … and box drawing

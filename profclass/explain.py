@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .classify import WALLS, load_thresholds
-from .fixes import GAINS, load_table
+from .fixes import load_table
 from .pitfalls import load_rules
 
 WALL_SIGNS = {
@@ -22,7 +22,9 @@ def reference() -> dict:
     return {
         "walls": [{"wall": w, "threshold": th[w], "looks_like": WALL_SIGNS[w]} for w in WALLS],
         "fixes": load_table(),
-        "gains": sorted(GAINS),
+        # the measured quantities the tables price fixes and pitfalls from (analyzers' GAINS)
+        "gains": sorted({f["gain"] for f in load_table() if f.get("gain")}
+                        | {r["cost"] for r in load_rules() if r.get("cost")}),
         "rules": load_rules(),
     }
 

@@ -7,7 +7,6 @@ analyzers that measure it).
 """
 from __future__ import annotations
 
-from .analyzers import GAINS  # each analyzer prices the fixes of what it measures
 from .tables import read_table
 
 
@@ -33,6 +32,8 @@ def _flag_on(flags: dict, spec: str) -> bool:
 def select(walls: list[str], ctx: dict, flags: dict, numbers: dict, step_ms: float) -> list[dict]:
     """Fixes for ``walls`` (verdict, runner-up) that apply and are not on yet, each with
     ``expected_gain_ms``/``expected_gain_pct`` (an upper bound), sorted by that gain."""
+    from .analyzers import GAINS  # each analyzer prices the fixes of what it measures (numpy, pandas)
+
     out = []
     for rank, wall in enumerate(walls):
         mine = []

@@ -77,7 +77,7 @@ def _condition_true(fact_values: dict[str, bool], cond: str) -> bool:
 
 
 def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scope: str = "run") -> list[dict]:
-    from .fixes import GAINS
+    from .analyzers import GAINS  # numpy, pandas: only where a rule is priced
     out = []
     for rule in load_rules():
         if rule.get("scope", "run") != scope:

@@ -8,9 +8,11 @@ without one the bar pulses.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+if TYPE_CHECKING:  # rich is imported only when the bar is shown (a terminal, not --quiet)
+    from rich.console import Console
+    from rich.progress import Progress
 
 
 class Reporter:
@@ -24,6 +26,9 @@ class Reporter:
 
     def __enter__(self) -> Reporter:
         if self.enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn,
+                                       TimeElapsedColumn)
             self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                       TaskProgressColumn(), TimeElapsedColumn(),
                                       console=self._console or Console(stderr=True), transient=True)

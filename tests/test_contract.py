@@ -141,7 +141,8 @@ def test_the_field_list_update_refuses_unversioned_changes(tmp_path, monkeypatch
     monkeypatch.setattr(contract, "fields_text", lambda: real + "diagnose:brand_new\n")
     with pytest.raises(ValueError, match="bump the minor"):
         contract.update_fields(str(listed))
-    monkeypatch.setattr(contract, "SCHEMA_VERSION", "1.1.0")
+    major_, minor_ = (int(x) for x in contract.SCHEMA_VERSION.split(".")[:2])
+    monkeypatch.setattr(contract, "SCHEMA_VERSION", f"{major_}.{minor_ + 1}.0")
     contract.update_fields(str(listed))  # a newer minor may add
     monkeypatch.setattr(contract, "fields_text", lambda: real.replace("diagnose:walls.host\n", ""))
     with pytest.raises(ValueError, match="new major"):

@@ -140,6 +140,8 @@ def test_per_rank_reports_are_clock_aligned(name, diagnosis):
 def expected_window_source(profile: dict) -> str:
     """'nvtx' where the workload emits iteration ranges, else 'periodicity' (from the command)."""
     cmd = profile["command"]
+    if "iteration_marks" in profile:  # megatron_layouts.py: the marks it emits, per the corpus
+        return "periodicity" if profile["iteration_marks"] == "none" else "nvtx"
     if "--no-nvtx" in cmd or ("megatron_moe.py" in cmd and "--nvtx" not in cmd.split()):
         return "periodicity"
     return "nvtx"

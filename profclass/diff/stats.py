@@ -39,7 +39,7 @@ def step_test(base: list[float], candidate: list[float], alpha: float = ALPHA,
     if se2 <= 0:  # no spread on either side: any difference is exact
         p, t, df, half = (0.0 if delta != 0 else 1.0), None, None, 0.0
     else:
-        from scipy import stats  # scipy comes with scikit-learn
+        from .. import stats  # Student t without scipy (profclass/stats.py)
         se = math.sqrt(se2)
         t = delta / se
         # Welch-Satterthwaite degrees of freedom
