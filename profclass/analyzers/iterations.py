@@ -245,24 +245,20 @@ def step_info(gpu) -> dict:
 
 def consensus(infos: list[dict]) -> dict | None:
     """The step of the job (ranks of one synchronous job share it): NVTX where any GPU has
-    it, else among the periods most GPUs found, the longest one several kernel names support
-    (the per-GPU rule, ``choose_period``, over the pooled candidates).
+    it, else the step a GPU found that most GPUs have among their candidate periods.
     None when no GPU found iterations."""
     nv = [i["step_ns"] for i in infos if i["source"] == "nvtx"]
     if nv:
         return dict(source="nvtx", period_ns=float(np.median(nv)))
+    own = np.array([i["step_ns"] for i in infos if i["source"] == "periodicity"], float)
     per_gpu = [np.array([p for p, _ in i["periods"]], float) for i in infos if i["periods"]]
-    if not per_gpu:
+    if not own.size:
         return None
-    pooled = np.concatenate(per_gpu)
-    support = np.array([n for i in infos for _, n in i["periods"]])
-    # a period counts where most GPUs that found any found it too (one rank's sub-period of
-    # the step, or a GPU that found nothing, does not decide)
-    agree = np.array([sum(_agreeing(g, p).any() for g in per_gpu) for p in pooled])
-    keep = agree >= np.ceil(len(per_gpu) / 2)
-    total = np.array([support[_agreeing(pooled, p)].sum() for p in pooled[keep]])
-    top = choose_period(pooled[keep], total)
-    return dict(source="periodicity", period_ns=float(np.median(pooled[_agreeing(pooled, top)])))
+    # each GPU's own step is a vote; it counts the GPUs that found it among their candidate
+    # periods (a rank's sub-period of the step gathers fewer); ties: the longest, as per GPU
+    agree = np.array([sum(_agreeing(g, p).any() for g in per_gpu) for p in own])
+    top = own[agree == agree.max()].max()
+    return dict(source="periodicity", period_ns=float(np.median(own[_agreeing(own, top)])))
 
 
 def takes_job_step(info: dict, job: dict | None) -> bool:
@@ -298,6 +294,8 @@ def adopt_job_step(gpu: GpuTimeline, job: dict, starts: np.ndarray | None) -> No
             its = pd.DataFrame({"start": b[:-1], "end": b[1:], "label": [f"job step {i}" for i in range(b.size - 1)]})
     if its.empty and job["source"] == "periodicity":
         its = periodic_iterations(gpu, period=job["period_ns"])
+    if its.empty and gpu.window_source != "whole":
+        return  # nothing to align to: it keeps its own step (missing[] names the spread)
     _set_window(gpu, its, "job")
 
 
