@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from copy import copy
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -25,6 +26,7 @@ from .inputs import resolve
 from .kernel_table import kernel_table, table_records
 from .onejob import check_one_job
 from .ranks import assign_ranks
+from .ranks import summarise_file
 from .workers import summarise_files
 
 
@@ -95,6 +97,7 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
                                     jobs=1 if keep_timelines else jobs,
                                     scheduler=None if keep_timelines else scheduler,
                                     keep_timelines=keep_timelines, progress=progress)
+        summaries = _agree_across_files(summaries, files, iteration_regex, keep_timelines)
         profiles = [fs.meta for fs in summaries]
         gpus = [g for fs in summaries for g in fs.gpus]
         all_ops = [fs.config_ops for fs in summaries]
@@ -111,6 +114,35 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
                 g.timeline.rank = g.rank
         d.timelines = [g.timeline for g in gpus if g.timeline is not None] or None
     return d
+
+
+def _agree_across_files(summaries, files, regex, keep_timelines):
+    """One step for the job over per-rank exports: each file agreed within itself
+    (``ranks.summarise_profile``); a file whose GPUs did not find the job's step is
+    summarised again with it, at the reference GPU's step boundaries (clocks aligned on
+    shadow copies of the compact summaries, so the real ones are shifted once, later)."""
+    if len(summaries) < 2:
+        return summaries
+    gpus = [g for fs in summaries for g in fs.gpus]
+    job = iterations.consensus([g.step for g in gpus])
+    redo = [g for g in gpus if iterations.takes_job_step(iterations.step_info(g), job)]
+    if not redo:
+        return summaries
+    shadow = [copy(g) for g in gpus]
+    for sh in shadow:
+        sh.timeline, sh.ops = None, sh.ops.copy()
+        sh.runtime, sh.nvtx = sh.runtime.copy(), sh.nvtx.copy()
+    align_clocks(shadow, {i: fs.meta.session_start_ns for i, fs in enumerate(summaries)})
+    ref = iterations.reference_starts([sh for sh, g in zip(shadow, gpus) if g not in redo], job)
+    forced: dict[int, dict] = {}
+    for sh, g in zip(shadow, gpus):
+        if g in redo:
+            bounds = None if ref is None else ref - sh.shift_ns
+            forced.setdefault(g.source, {})[(g.pid, g.device)] = (job, bounds)
+    out = list(summaries)
+    for src, hint in forced.items():
+        out[src] = summarise_file(files[src].given, files[src].sqlite, src, regex, keep_timelines, hint)
+    return out
 
 
 def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:

@@ -22,7 +22,7 @@ import pandas as pd
 from . import intervals as iv
 from .analyzers import GpuAnalysis, analyse_gpu
 from .analyzers.idle import ALLOC_CALLS, SYNC_CALLS
-from .analyzers.iterations import detect_iterations
+from .analyzers import iterations as it
 from .clocks import shift_timeline
 from .errors import ProfileError
 from .kernel_table import gpu_kernel_agg
@@ -69,6 +69,8 @@ class GpuSummary:
     ops: pd.DataFrame
     compute: iv.IntervalSet  # compute kernels over the whole capture
     kernel_agg: pd.DataFrame  # per (full_name, op) in the window: count, ns (see kernel_table)
+    step: dict = field(default_factory=dict)  # iterations.step_info, found on this GPU alone
+    shift_ns: int = 0  # total clock shift applied (own clock = shared clock - shift_ns)
     runtime: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"start": [], "end": []}))
     nvtx: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"start": [], "end": []}))
     # the full timeline, only when it stays in this process (diagnose(keep_timelines=True))
@@ -79,6 +81,7 @@ class GpuSummary:
 
     def on_shift(self, off: int) -> None:
         """Clock alignment moved ``ops`` by ``off``: move every other time of this GPU too."""
+        self.shift_ns += off
         self.window = (self.window[0] + off, self.window[1] + off)
         self.iterations = _shift_iterations(self.iterations, off)
         self.compute = (self.compute[0] + off, self.compute[1] + off)
@@ -105,28 +108,33 @@ def _shift_iterations(its: pd.DataFrame, off: int) -> pd.DataFrame:
 
 
 def summarise_profile(prof, source: int, iteration_regex: str | None,
-                      keep_timelines: bool = False) -> FileSummary:
-    """timeline -> iterations -> per-GPU analyzers for one loaded export."""
+                      keep_timelines: bool = False, forced: dict | None = None) -> FileSummary:
+    """timeline -> iterations -> per-GPU analyzers for one loaded export.
+
+    Iterations first on every GPU alone, then the step the file's GPUs agree on
+    (``iterations.consensus``); ``forced`` ((pid, device) -> (job step, boundaries on this
+    file's clock)) is the job's step from the facade when other files disagreed."""
     ops = build_ops(prof)
     config_ops = ops[CONFIG_COLUMNS].astype({"library": str, "collective": str}).drop_duplicates()
     # the per-table frames are in ops now; analyzers read only these small ones of the profile
     prof.kernels = prof.kernels[["device"]].drop_duplicates()
     prof.memcpy = prof.memset = prof.memcpy.iloc[:0]
+    own = {}  # (pid, device) -> (iterations, source, marker, periods, step_info): one GPU at a time
+    for g in iter_gpus(prof, source, ops):
+        it.detect_iterations(g, iteration_regex)
+        own[(g.pid, g.device)] = _found(g)
+    job = it.consensus([f[4] for f in own.values()])
+    ref = _file_reference(own, job)
     gpus = []
     for g in iter_gpus(prof, source, ops):
-        detect_iterations(g, iteration_regex)
-        analysis = analyse_gpu(g, prof)
-        o = g.ops
-        comp = o[(o["op"] == "kernel") & ~o["is_comm"]]
-        comm = o[o["is_comm"] & (o["op"] == "kernel")]
-        gpus.append(GpuSummary(
-            source=source, path=g.path, pid=g.pid, device=g.device, rank=g.rank, window=g.window,
-            window_source=g.window_source, iterations=g.iterations, analysis=analysis,
-            ops=comm[COMM_COLUMNS].reset_index(drop=True),
-            compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
-            kernel_agg=gpu_kernel_agg(g.ops, g.window),
-            timeline=g if keep_timelines else None))
-        del g, o, comp, comm  # one GPU's rows at a time
+        _restore(g, own[(g.pid, g.device)])
+        step = own[(g.pid, g.device)][4]
+        if forced and (g.pid, g.device) in forced:
+            it.adopt_job_step(g, *forced[(g.pid, g.device)])
+        elif it.takes_job_step(step, job):
+            it.adopt_job_step(g, job, ref)
+        gpus.append(_summarise_gpu(g, prof, source, step, keep_timelines))
+        del g  # one GPU's rows at a time
     del ops
     meta = ProfileMeta(path=prof.path, command=list(prof.command), env=dict(prof.env),
                        nsys_version=prof.nsys_version, session_start_ns=prof.session_start_ns,
@@ -134,27 +142,67 @@ def summarise_profile(prof, source: int, iteration_regex: str | None,
     return FileSummary(meta=meta, gpus=gpus, config_ops=config_ops.reset_index(drop=True))
 
 
+def _found(g: GpuTimeline) -> tuple:
+    return (g.iterations, g.window_source, g.marker, list(getattr(g, "periods", [])), it.step_info(g))
+
+
+def _restore(g: GpuTimeline, found: tuple) -> None:
+    g.iterations, g.window_source, g.marker, g.periods = found[:4]
+    st = g.steady
+    g.window = (int(st["start"].min()), int(st["step_end"].max()))
+
+
+def _file_reference(own: dict, job: dict | None):
+    """Step boundaries of this file's GPU that found the job's step (one clock per file)."""
+    if job is None:
+        return None
+    holders = [_Found(*f[:2]) for f in own.values()]
+    return it.reference_starts(holders, job)
+
+
+@dataclass
+class _Found:
+    """Just what ``iterations.reference_starts`` reads of a GPU."""
+    iterations: pd.DataFrame
+    window_source: str
+    steady = GpuTimeline.steady
+
+
+def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines: bool) -> GpuSummary:
+    analysis = analyse_gpu(g, prof)
+    o = g.ops
+    comp = o[(o["op"] == "kernel") & ~o["is_comm"]]
+    comm = o[o["is_comm"] & (o["op"] == "kernel")]
+    return GpuSummary(
+        source=source, path=g.path, pid=g.pid, device=g.device, rank=g.rank, window=g.window,
+        window_source=g.window_source, iterations=g.iterations, analysis=analysis,
+        ops=comm[COMM_COLUMNS].reset_index(drop=True),
+        compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
+        kernel_agg=gpu_kernel_agg(g.ops, g.window), step=step,
+        timeline=g if keep_timelines else None)
+
+
 def summarise_file(given: str, sqlite: str | None, source: int, iteration_regex: str | None,
-                   keep_timelines: bool = False) -> FileSummary:
+                   keep_timelines: bool = False, forced: dict | None = None) -> FileSummary:
     """The per-file task. ``sqlite`` is the resolved export when this process can read it;
     a worker on another machine (where a decompressed temporary copy does not exist)
     resolves ``given`` itself."""
     if sqlite and os.path.exists(sqlite):
-        return _summarise_sqlite(given, sqlite, source, iteration_regex, keep_timelines)
+        return _summarise_sqlite(given, sqlite, source, iteration_regex, keep_timelines, forced)
     from .inputs import resolve
     with resolve([given]) as files:
         if len(files) != 1:
             raise ProfileError(given, f"expected one export, found {len(files)}")
-        return _summarise_sqlite(given, files[0].sqlite, source, iteration_regex, keep_timelines)
+        return _summarise_sqlite(given, files[0].sqlite, source, iteration_regex, keep_timelines, forced)
 
 
-def _summarise_sqlite(given, sqlite, source, iteration_regex, keep_timelines) -> FileSummary:
+def _summarise_sqlite(given, sqlite, source, iteration_regex, keep_timelines, forced=None) -> FileSummary:
     try:
         prof = load(sqlite, api_names=API_CALLS_USED)
     except ProfileError as exc:  # name what the user gave, not a decompressed temp copy
         raise ProfileError(given, exc.problem) from None
     prof.path = given
-    return summarise_profile(prof, source, iteration_regex, keep_timelines)
+    return summarise_profile(prof, source, iteration_regex, keep_timelines, forced)
 
 
 def assign_ranks(gpus: list[GpuSummary], profiles: list[ProfileMeta], hints) -> None:

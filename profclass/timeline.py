@@ -47,6 +47,7 @@ class GpuTimeline:
     iterations: pd.DataFrame = field(default_factory=pd.DataFrame)
     window_source: str = "whole"
     marker: str | None = None  # the kernel name that marks the step (periodicity only)
+    periods: list = field(default_factory=list)  # candidate step periods (ns, names supporting)
     window: tuple[int, int] = (0, 0)
 
     @property

@@ -152,7 +152,8 @@ def test_window_source(name, diagnosis):
     d = diagnosis(name)
     want = expected_window_source(PROFILES[name])
     assert d.window["source"] == want
-    assert set(d.window["sources"].values()) == {want}  # every GPU agrees
+    # every GPU found that source, or took the job's step found by it (``job``)
+    assert set(d.window["sources"].values()) <= {want, "job"} and want in d.window["sources"].values()
     assert d.window["iterations"] >= 2
     # the steady step is close to the workload's own timer (it measures the same loop)
     assert d.window["step_ms"]["median"] == pytest.approx(PROFILES[name]["workload_step_ms"], rel=0.35)

@@ -2,15 +2,20 @@
 
 Iterations come from, in order of preference:
 1. ``nvtx``: NVTX ranges named like an iteration (``iteration 12``, ``ProfilerStep#3``,
-   ``train_step 5``...; ``--iteration-range REGEX`` overrides). A range's GPU extent is the
-   span of the GPU work launched while it was open.
+   ``train_step 5``..., and megatron.core's ``nvtx_decorator`` range on the step function,
+   named by its module path with no number: ``megatron.training.training.train_step``,
+   ``__main__.train_step``; ``--iteration-range REGEX`` overrides). A range's GPU extent is
+   the span of the GPU work launched while it was open. megatron.core's module ranges and
+   ``emit_nvtx`` op ranges (tens of thousands per step) match neither form.
 2. ``periodicity``: the kernel sequence repeats once per step (Megatron-LM's ``--profile``
    captures a few steady iterations with no iteration ranges). Kernels that occur in equal
    bursts at a regular spacing mark the step; the longest such period with support from
    several kernel names is the step.
 3. ``whole``: the whole capture, one "iteration".
 
-Warm-up iterations are dropped; the steady ones fix the window W.
+Ranks of one synchronous job share one step, so the step is then agreed across GPUs
+(``consensus``): a GPU that did not find the job's step on its own takes it, phase-aligned
+(``job`` source). Warm-up iterations are dropped; the steady ones fix the window W.
 """
 from __future__ import annotations
 
@@ -25,9 +30,14 @@ from .job import Job, evidence_row
 from .sets import WindowSets
 
 DEFAULT_ITERATION_REGEX = (r"^\s*(iteration|iter|step|train_step|training_step|ProfilerStep#|"
-                           r"train_batch|global_step)[\s_#:=-]*(\d+)\s*$")
+                           r"train_batch|global_step)[\s_#:=-]*(\d+)\s*$"
+                           # megatron.core nvtx_decorator: f"{module}.{qualname}" of the step function
+                           r"|^[\w.<>]*\.(train_step|training_step)$")
 WARMUP_FACTOR = 1.25  # a leading iteration slower than this x the steady median is warm-up
-SOURCE_PREFERENCE = ["nvtx", "periodicity", "whole"]
+SOURCE_PREFERENCE = ["nvtx", "periodicity", "job", "whole"]
+PERIOD_CV = 0.15  # bursts of one kernel name this regular (std/mean of spacing) mark a period
+PERIOD_TOL = 0.05  # two periods within this fraction are the same step (run-to-run jitter)
+MIN_STEADY = 3  # fewer steady steps than this: the window is weak (no spread, warm-up unsure)
 
 
 @dataclass
@@ -81,58 +91,83 @@ def nvtx_iterations(gpu: GpuTimeline, regex: str) -> pd.DataFrame:
     return g.reset_index(drop=True)
 
 
-def periodic_iterations(gpu: GpuTimeline, min_bursts: int = 3) -> pd.DataFrame:
-    """Iterations from the periodicity of the kernel sequence (no NVTX needed).
-
-    Among the names that mark the step, the first in name order is the marker: every rank
-    runs the same program, so every rank picks the same kernel and its iterations start at
-    the same point of the step, without the ranks having to talk (they may be analysed on
-    different workers). The chosen name is kept in ``gpu.marker``."""
+def period_candidates(gpu: GpuTimeline, min_bursts: int = 3) -> list[tuple[float, np.ndarray, str]]:
+    """(period ns, burst starts, kernel name) of every kernel name that occurs in equal bursts
+    at a regular spacing. One pass per distinct name over its sorted starts."""
     k = gpu.ops[gpu.ops["op"] == "kernel"]
     if len(k) < 20:
-        return pd.DataFrame()
+        return []
     names = k["full_name"].cat.categories
     codes = k["full_name"].cat.codes.to_numpy()
-    starts = k["start"].to_numpy()
     order = np.argsort(codes, kind="stable")
-    sc, st = codes[order], starts[order]
+    sc, st = codes[order], k["start"].to_numpy()[order]
     bounds = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1], True])
-    cands = []  # (period, n_bursts, burst_starts)
-    for a, b in zip(bounds[:-1], bounds[1:]):  # one pass per distinct kernel name
+    cands = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
         n = b - a
         if n < min_bursts or n > 5000:
             continue
         t = st[a:b]
         gaps = np.diff(t)
-        big = gaps > 0.5 * gaps.max()
-        first = np.r_[0, np.flatnonzero(big) + 1]
+        first = np.r_[0, np.flatnonzero(gaps > 0.5 * gaps.max()) + 1]
         if first.size < min_bursts:
             continue
         per_burst = np.diff(np.r_[first, n])
         if (per_burst != per_burst[0]).any():
             continue
-        bursts = t[first]
-        periods = np.diff(bursts)
-        if periods.mean() <= 0 or periods.std() / periods.mean() > 0.15:
+        periods = np.diff(t[first])
+        if periods.mean() <= 0 or periods.std() / periods.mean() > PERIOD_CV:
             continue
-        cands.append((float(periods.mean()), bursts, str(names[sc[a]])))
+        cands.append((float(periods.mean()), t[first], str(names[sc[a]])))
+    return cands
+
+
+def choose_period(periods: np.ndarray, support: np.ndarray) -> float:
+    """The step among candidate periods: the longest one that several kernel names agree on
+    (a shorter period with wide support is a repeated part of the step, e.g. a layer)."""
+    strong = support >= min(3, support.max())
+    return float(periods[strong].max())
+
+
+def _agreeing(periods: np.ndarray, p: float) -> np.ndarray:
+    return np.abs(periods - p) <= PERIOD_TOL * p
+
+
+def periodic_iterations(gpu: GpuTimeline, period: float | None = None) -> pd.DataFrame:
+    """Iterations from the periodicity of the kernel sequence (no NVTX needed).
+
+    ``period``: the job's step (``consensus``): only a kernel name with that period may mark
+    it here. Among the names that mark the step, the first in name order is the marker: every
+    rank runs the same program, so every rank picks the same kernel and its iterations start
+    at the same point of the step, without the ranks having to talk (they may be analysed on
+    different workers). The chosen name is kept in ``gpu.marker``; the candidate periods in
+    ``gpu.periods`` (ns, with how many names support each) for the job's consensus."""
+    cands = period_candidates(gpu)
     if not cands:
+        gpu.periods = []
         return pd.DataFrame()
     periods = np.array([c[0] for c in cands])
-    # support: how many kernel names agree on (within 5% of) each period
-    support = (np.abs(periods[:, None] - periods[None, :]) <= 0.05 * periods[:, None]).sum(1)
-    strong = support >= min(3, support.max())
-    top = periods[strong].max()
-    group = [i for i in range(len(cands)) if abs(periods[i] - top) <= 0.05 * top]
-    period, bursts, gpu.marker = cands[min(group, key=lambda i: cands[i][2])]
+    support = np.array([_agreeing(periods, p).sum() for p in periods])
+    gpu.periods = sorted({(round(float(p)), int(n)) for p, n in zip(periods, support)})
+    top = choose_period(periods, support) if period is None else period
+    group = np.flatnonzero(_agreeing(periods, top))
+    if group.size == 0:
+        return pd.DataFrame()
+    i = min(group, key=lambda i: cands[i][2])
+    gpu.marker = cands[i][2]
+    return _steps_from_marks(gpu, cands[i][0], cands[i][1])
+
+
+def _steps_from_marks(gpu: GpuTimeline, period: float, bursts: np.ndarray) -> pd.DataFrame:
+    """Iterations starting at each mark; a partial tail or head counts only if about one
+    period long (a capture cut at an iteration boundary)."""
+    k = gpu.ops[gpu.ops["op"] == "kernel"]
     it_start = bursts
     it_end = np.r_[bursts[1:], bursts[-1] + period]
     last_end = k["end"].max()
-    # the tail after the last marker is a whole iteration only if it is about one period long
     tail = last_end - bursts[-1]
     if not (0.85 * period <= tail <= 1.15 * period):
         it_start, it_end = it_start[:-1], it_end[:-1]
-    # a capture that starts at an iteration boundary (cudaProfilerStart) holds one more
     head = bursts[0] - k["start"].min()
     if 0.85 * period <= head <= 1.15 * period:
         it_start = np.r_[k["start"].min(), it_start]
@@ -178,14 +213,17 @@ def mark_steady(its: pd.DataFrame, open_end: bool = False) -> pd.DataFrame:
 
 
 def detect_iterations(gpu: GpuTimeline, regex: str | None) -> None:
-    its, source = pd.DataFrame(), "whole"
-    its_nvtx = nvtx_iterations(gpu, regex or DEFAULT_ITERATION_REGEX)
-    if len(its_nvtx) >= 1:
-        its, source = its_nvtx, "nvtx"
-    else:
-        its_per = periodic_iterations(gpu)
-        if len(its_per) >= 2:
-            its, source = its_per, "periodicity"
+    """This GPU's own iterations (NVTX, else periodicity, else the whole capture)."""
+    gpu.periods = []
+    its, source = nvtx_iterations(gpu, regex or DEFAULT_ITERATION_REGEX), "nvtx"
+    if its.empty:
+        its, source = periodic_iterations(gpu), "periodicity"
+        if len(its) < 2:
+            its = pd.DataFrame()
+    _set_window(gpu, its, source)
+
+
+def _set_window(gpu: GpuTimeline, its: pd.DataFrame, source: str) -> None:
     if its.empty:
         lo, hi = int(gpu.ops["start"].min()), int(gpu.ops["end"].max())
         its = pd.DataFrame({"start": [lo], "end": [hi], "label": ["whole capture"]})
@@ -195,6 +233,70 @@ def detect_iterations(gpu: GpuTimeline, regex: str | None) -> None:
     gpu.window_source = source
     st = its[its["steady"]]
     gpu.window = (int(st["start"].min()), int(st["step_end"].max()))
+
+
+def step_info(gpu) -> dict:
+    """What the job's consensus needs of one GPU (compact: it travels from the workers)."""
+    st = gpu.steady
+    step = float(np.median(st["step_end"] - st["start"])) if gpu.window_source != "whole" else None
+    return dict(source=gpu.window_source, step_ns=step, periods=list(getattr(gpu, "periods", [])),
+                steady=int(len(st)))
+
+
+def consensus(infos: list[dict]) -> dict | None:
+    """The step of the job (ranks of one synchronous job share it): NVTX where any GPU has
+    it, else the step a GPU found that most GPUs have among their candidate periods.
+    None when no GPU found iterations."""
+    nv = [i["step_ns"] for i in infos if i["source"] == "nvtx"]
+    if nv:
+        return dict(source="nvtx", period_ns=float(np.median(nv)))
+    own = np.array([i["step_ns"] for i in infos if i["source"] == "periodicity"], float)
+    per_gpu = [np.array([p for p, _ in i["periods"]], float) for i in infos if i["periods"]]
+    if not own.size:
+        return None
+    # each GPU's own step is a vote; it counts the GPUs that found it among their candidate
+    # periods (a rank's sub-period of the step gathers fewer); ties: the longest, as per GPU
+    agree = np.array([sum(_agreeing(g, p).any() for g in per_gpu) for p in own])
+    top = own[agree == agree.max()].max()
+    return dict(source="periodicity", period_ns=float(np.median(own[_agreeing(own, top)])))
+
+
+def takes_job_step(info: dict, job: dict | None) -> bool:
+    """Whether a GPU must take the job's step: it found none, or another one (a sub-period,
+    a multiple), or only periodicity where other ranks mark iterations with NVTX."""
+    if job is None or info["source"] == "nvtx":
+        return False
+    if info["source"] == "whole" or (job["source"] == "nvtx" and info["source"] == "periodicity"):
+        return True
+    return abs(info["step_ns"] - job["period_ns"]) > PERIOD_TOL * job["period_ns"]
+
+
+def reference_starts(gpus: list, job: dict) -> np.ndarray | None:
+    """Step boundaries of the GPU that found the job's step with the most steady iterations
+    (its iteration starts and last step end, on the shared clock)."""
+    ok = [g for g in gpus if g.window_source == job["source"] and not takes_job_step(step_info(g), job)]
+    if not ok:
+        return None
+    ref = max(ok, key=lambda g: len(g.steady))
+    its = ref.iterations
+    return np.r_[its["start"].to_numpy(), its["step_end"].to_numpy()[-1]].astype(np.int64)
+
+
+def adopt_job_step(gpu: GpuTimeline, job: dict, starts: np.ndarray | None) -> None:
+    """Give a GPU the job's step, phase-aligned: the reference GPU's boundaries (same clock)
+    over this GPU's capture, else its own kernel that repeats at the job's period."""
+    its = pd.DataFrame()
+    k = gpu.ops[gpu.ops["op"] == "kernel"]
+    if starts is not None and len(k):
+        lo, hi = int(k["start"].min()), int(k["end"].max())
+        b = starts[(starts >= lo - 0.05 * job["period_ns"]) & (starts <= hi)]
+        if b.size >= 2:
+            its = pd.DataFrame({"start": b[:-1], "end": b[1:], "label": [f"job step {i}" for i in range(b.size - 1)]})
+    if its.empty and job["source"] == "periodicity":
+        its = periodic_iterations(gpu, period=job["period_ns"])
+    if its.empty and gpu.window_source != "whole":
+        return  # nothing to align to: it keeps its own step (missing[] names the spread)
+    _set_window(gpu, its, "job")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,16 +323,33 @@ def window_section(job: Job) -> dict:
 
 
 def _window_source(job: Job) -> str:
-    """The weakest source any GPU's window came from."""
-    return sorted({r.gpu.window_source for r in job.records}, key=SOURCE_PREFERENCE.index)[0]
+    """Where the job's step came from: the weakest source a GPU found it by on its own
+    (GPUs that took the job's step, ``job``, add none); ``whole`` if any GPU has no step."""
+    own = {r.gpu.window_source for r in job.records} - {"job"}
+    return sorted(own or {"whole"}, key=SOURCE_PREFERENCE.index)[-1]
 
 
 def missing(job: Job) -> list[str]:
-    if _window_source(job) != "whole":
-        return []
-    return ["iterations (no NVTX iteration ranges and no periodic kernel pattern: the whole "
-            "capture was diagnosed as one window; a capture shorter than one iteration looks "
-            "like this)"]
+    """When the window is weak: no step, a step some GPUs did not find, few steps, or ranks
+    whose steps disagree."""
+    recs = job.records
+    if _window_source(job) == "whole":
+        return ["iterations (no NVTX iteration ranges and no periodic kernel pattern: the whole "
+                "capture was diagnosed as one window; a capture shorter than one iteration looks "
+                "like this)"]
+    out = []
+    took = [r.gpu.label for r in recs if r.gpu.window_source == "job"]
+    if took:
+        out.append(f"iterations on {', '.join(took)} (not found on that GPU alone: it uses the step "
+                   f"the other GPUs of the job found, at the same times)")
+    n = min(r.analysis.window.iterations for r in recs)
+    if n < MIN_STEADY:
+        out.append(f"steady iterations: only {n} (per-step numbers rest on few steps; capture more)")
+    steps = np.array([r.analysis.window.window_ns / max(r.iterations, 1) for r in recs], float)
+    if steps.min() > 0 and steps.max() / steps.min() - 1 > PERIOD_TOL:
+        out.append(f"one step for the job (GPUs' steps range {steps.min() / 1e6:.1f}-"
+                   f"{steps.max() / 1e6:.1f} ms: ranks of one synchronous job should agree)")
+    return out
 
 
 def numbers(job: Job) -> dict:
