@@ -44,6 +44,7 @@ class Diagnosis:
     missing: list[str]
     config: dict
     pitfalls: list[dict] = field(default_factory=list)
+    memory: dict = field(default_factory=dict)  # recompute, footprint, offload (analyzers.memory.section)
     clock: dict = field(default_factory=dict)
     nsys_versions: list[str] = field(default_factory=list)
     # time per step of each normalised kernel/copy name, mean per GPU (what `diff` matches)
@@ -143,7 +144,7 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
         window=iterations.window_section(job), devices=_devices(job), stragglers=job.stragglers,
         collectives=job.comm.collectives, fixes=chosen, evidence=analyzers.job_evidence(job, numbers),
         missing=sorted({m for p in profiles for m in p.missing}) + iterations.missing(job), config=cfg,
-        pitfalls=_pitfalls(job, flags, env_all, numbers),
+        pitfalls=_pitfalls(job, flags, env_all, numbers), memory=memory.section(job, numbers),
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
         kernels=table_records(kernel_table(gpus, [r.iterations for r in job.records])))
@@ -166,6 +167,8 @@ def _classify(job: Job, blamed: list[dict]) -> tuple[classify.Verdict, dict[str,
     shares = {w: (v / job.step_ns if job.step_ns else 0.0) for w, v in job.walls_ns.items()}
     if straggler_wall:
         return classify.decide_with_straggler(shares, thresholds, straggler_wall, blamed[0]["blame_share"]), shares
+    if memory.memory_bound(job):
+        return classify.decide_memory_bound(shares, thresholds), shares
     return classify.decide(shares, thresholds), shares
 
 
