@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from . import analyzers, classify, config, fixes, pitfalls
-from .analyzers import GpuRecord, Job, communication, iterations, memory, stragglers
+from .analyzers import GpuRecord, Job, communication, iterations, memory, profiler, stragglers
 from .clocks import align_clocks
 from .contract import stamp
 from .errors import ProfileError
@@ -143,8 +143,9 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
                for w in classify.WALLS},
         window=iterations.window_section(job), devices=_devices(job), stragglers=job.stragglers,
         collectives=job.comm.collectives, fixes=chosen, evidence=analyzers.job_evidence(job, numbers),
-        missing=sorted({m for p in profiles for m in p.missing}) + iterations.missing(job), config=cfg,
-        pitfalls=_pitfalls(job, flags, env_all, numbers), memory=memory.section(job, numbers),
+        missing=(sorted({m for p in profiles for m in p.missing}) + iterations.missing(job)
+                 + profiler.missing(job, numbers)), config=cfg,
+        pitfalls=_pitfalls(job, flags, env_all, numbers, facts), memory=memory.section(job, numbers),
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
         kernels=table_records(kernel_table(gpus, [r.iterations for r in job.records])))
@@ -191,9 +192,11 @@ def _devices(job: Job) -> list[dict]:
     return devices
 
 
-def _pitfalls(job: Job, flags: dict, env: dict, numbers: dict) -> list[dict]:
+def _pitfalls(job: Job, flags: dict, env: dict, numbers: dict, measured: dict) -> list[dict]:
+    """Rules over the run's configuration facts and the analyzers' measured ones (``measured``)."""
     peak_share = memory.peak_share(job)
-    found = pitfalls.check(pitfalls.facts(flags, env, job.cfg, peak_share, len(job.records)), numbers, job.step_ms)
+    found = pitfalls.check({**measured, **pitfalls.facts(flags, env, job.cfg, peak_share, len(job.records))},
+                           numbers, job.step_ms)
     for pf in found:
         if peak_share is not None and "memory_headroom" in pf["facts"]:
             pf["evidence"] = memory.headroom_note(peak_share)

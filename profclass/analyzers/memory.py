@@ -27,6 +27,9 @@ NEAR_CAPACITY = 0.8
 # recompute charged to memory above this share of the step makes memory the verdict: above
 # the 5-10% run-to-run noise of a step, so what memory costs is measurable
 MEMORY_BOUND_MIN_SHARE = 0.10
+# extra forward passes per backward below this are no recompute: one pair kernel used outside
+# the layers (the loss's softmax) in a 20-layer model gives ~0.05
+MIN_RECOMPUTE_RATIO = 0.05
 
 
 @dataclass
@@ -82,18 +85,26 @@ def _measure_recompute(r: MemoryResult, gpu: GpuTimeline, sets: WindowSets) -> N
     """The recomputed forward's spans inside backward (``recompute``), split by what ran in
     them; without backward-only kernels, the kernel-ratio estimate."""
     comp = sets.compute_ops
-    if (comp["side"] == "bwd").any():
+    if not (comp["side"] == "bwd").any():
+        _estimate_recompute(r, sets)
+    elif r.recompute_ratio < MIN_RECOMPUTE_RATIO:
+        # every forward-only kernel has its backward partner: nothing runs twice (a
+        # pipeline's later micro-batch forwards between backwards look like recompute)
+        r.recompute_measured_ns = 0
+    else:
         R = iv.clip(recomputed_spans(comp), sets.lo, sets.hi)
         r.recompute_measured_ns = r.recompute_ns = iv.total(R)
         r.recompute_compute_ns = iv.total(iv.intersect(R, sets.compute))
         r.recompute_comm_ns = iv.total(iv.intersect(iv.subtract(R, sets.compute), sets.comm))
         busy = iv.union(np.r_[sets.compute_or_comm[0], sets.copies[0]], np.r_[sets.compute_or_comm[1], sets.copies[1]])
         r.recompute_idle_ns = iv.total(iv.subtract(R, busy))
-        return
+
+
+def _estimate_recompute(r: MemoryResult, sets: WindowSets) -> None:
     # forward ~ 1/3 of a step's compute (backward ~ 2x forward); recompute adds r forwards
     ratio = r.recompute_ratio
     r.recompute_ns = r.recompute_compute_ns = (int(iv.total(sets.compute) * ratio / (3.0 + ratio))
-                                               if ratio >= 0.05 else 0)
+                                               if ratio >= MIN_RECOMPUTE_RATIO else 0)
 
 
 def near_capacity(m: MemoryResult) -> bool | None:
