@@ -5,8 +5,10 @@ Per GPU, over the window (``docs/classification.md`` has the derivation):
     memory        = recompute + idle around allocator calls + exposed offload copies
                     + idle right after offload copies
     communication = exposed communication (transfer + waiting for peers)
-    host          = the rest of the idle time (launch-late, after host syncs, other)
+    host          = the rest of the idle time (input, launch-late, after host syncs, other)
+                    + exposed input copies (host-to-device copies that are not offload)
     compute       = compute kernels - recompute + other exposed copies
+    (recompute is memory's only when the card is near capacity: ``memory.charged_recompute``)
 
 The four add up to the window. Job level: when a straggler exists, the time other ranks
 spend *waiting* for it is moved from communication to the straggler's own wall (the wall in
@@ -53,8 +55,10 @@ def gpu_walls(a: GpuAnalysis) -> dict[str, int]:
     rc["host"] = min(rc["host"], host)  # launch gaps the idle split already gave to memory stay there
     comm = a.communication.exposed_comm_ns - rc["communication"]
     memory = sum(rc.values()) + idle.idle_alloc_ns + idle.idle_offload_ns + mem.offload_exposed_ns
-    compute = a.compute.compute_ns - rc["compute"] + (a.compute.exposed_copy_ns - mem.offload_exposed_ns)
-    return {"compute": int(compute), "communication": int(comm), "host": int(host - rc["host"]),
+    # exposed input copies are the input pipeline's (host), other exposed copies compute's
+    inp = min(idle.input_exposed_ns, a.compute.exposed_copy_ns - mem.offload_exposed_ns)
+    compute = a.compute.compute_ns - rc["compute"] + (a.compute.exposed_copy_ns - mem.offload_exposed_ns - inp)
+    return {"compute": int(compute), "communication": int(comm), "host": int(host - rc["host"] + inp),
             "memory": int(memory)}
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
-from .idle import OFFLOAD_MIN_BYTES
+from .idle import copy_roles
 from .job import Job, evidence_row, mean_per_step_ms
 from .recompute import recomputed_spans
 from .sets import WindowSets, clipped_set
@@ -70,7 +70,7 @@ def recompute_ratio(ops: pd.DataFrame) -> float:
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> MemoryResult:
     comp, lo, hi = sets.compute_ops, sets.lo, sets.hi
     copies = sets.copy_ops
-    off = copies[copies["kind"].isin(["HtoD", "DtoH"]) & (copies["bytes"] >= OFFLOAD_MIN_BYTES)]
+    off, _ = copy_roles(copies)  # offload needs its round trip; one-way input copies are not
     fwd = comp[comp["side"] == "fwd"]
     r = MemoryResult(recompute_ratio=recompute_ratio(comp),
                      pair_fwd_ns=int((fwd["end"].clip(upper=hi) - fwd["start"].clip(lower=lo)).clip(lower=0).sum()),
@@ -184,9 +184,15 @@ def numbers(job: Job) -> dict:
                 memory_ms=job.walls_ns["memory"] / 1e6)
 
 
+OFFLOAD_FLAGS = ("--cpu-offloading", "--optimizer-cpu-offload", "--cpu-offloading-num-layers",
+                 "--offload-optimizer", "--fine-grained-activation-offloading")
+
+
 def facts(job: Job, numbers: dict) -> dict:
+    flags = job.cfg.get("command_line_flags", {}).get("value", {}) or {}
     return dict(alloc_in_steady=numbers["idle_alloc_ms"] > 0,
-                offload=numbers["offload_ms"] > OFFLOAD_MIN_SHARE * job.step_ms)
+                offload=(numbers["offload_ms"] > OFFLOAD_MIN_SHARE * job.step_ms
+                         or (numbers["offload_ms"] > 0 and any(f in flags for f in OFFLOAD_FLAGS))))
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
