@@ -36,9 +36,9 @@ FORWARD_STRETCH_SHARE = 0.5
 
 
 def _kgrams(codes: np.ndarray, k: int) -> np.ndarray:
-    """Each window of ``k`` consecutive codes as one opaque row (for set membership)."""
-    w = np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(codes, k))
-    return w.view(np.dtype((np.void, w.dtype.itemsize * k))).ravel()
+    """Each window of ``k`` consecutive codes as one integer id (equal windows, equal ids)."""
+    w = np.lib.stride_tricks.sliding_window_view(codes, k)
+    return np.unique(w, axis=0, return_inverse=True)[1].ravel()
 
 
 def recomputed_spans(compute_ops: pd.DataFrame) -> iv.IntervalSet:
@@ -58,7 +58,8 @@ def recomputed_spans(compute_ops: pd.DataFrame) -> iv.IntervalSet:
     length = np.bincount(stretch[~is_bwd], minlength=stretch[-1] + 1)
     is_forward = length >= FORWARD_STRETCH_SHARE * length.max()
     grams = _kgrams(codes, K_GRAM)
-    same = stretch[:-K_GRAM + 1] == stretch[K_GRAM - 1:]  # the window lies in one stretch
+    own = np.where(is_bwd, -1, stretch)  # a backward-only kernel belongs to no stretch
+    same = (own[:-K_GRAM + 1] == own[K_GRAM - 1:]) & (own[:-K_GRAM + 1] >= 0)  # window in one stretch
     in_fwd = same & is_forward[stretch[:-K_GRAM + 1]]
     # the window's first and last stretches are cut by its edges: not judged
     inner = same & ~in_fwd & (stretch[:-K_GRAM + 1] > 0) & (stretch[:-K_GRAM + 1] < stretch[-1])
