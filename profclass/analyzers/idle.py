@@ -35,6 +35,10 @@ OFFLOAD_MIN_BYTES = 256 * 1024  # smaller host<->device copies are control traff
 # host-to-device copies without their outbound half are input data
 OFFLOAD_RETURN_RATIO = 2.0
 HOST_SYNC_IDLE_MIN = 0.03  # share of the step idle after host syncs that makes them worth fixing
+# a GPU gap this long is the host away (a stall, logging, a checkpoint check, GC): launching
+# a kernel takes 5-20 us, so falling behind on launches opens gaps of tens to hundreds of us,
+# never 2 ms; in a synchronous job every peer then waits for this rank
+STALL_GAP_NS = 2_000_000
 # the input pipeline is reported from this share of the step: what a timer resolves over a
 # few steps (below, input time is noise next to the 5-10% run-to-run spread)
 INPUT_MIN_SHARE = 0.01
@@ -50,6 +54,7 @@ class IdleResult:
     idle_sync_ns: int = 0
     idle_launch_ns: int = 0
     idle_other_ns: int = 0
+    idle_stall_ns: int = 0  # idle in gaps of at least STALL_GAP_NS (any cause): the host was away
     alloc_calls: int = 0  # allocator calls in the window
     alloc_call_ns: int = 0
     sync_calls: int = 0  # host syncs (and blocking pageable device-to-host copies) in the window
@@ -63,7 +68,9 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> IdleResult:
     CM, X = sets.compute_or_comm, sets.copies
     busy = iv.union(np.r_[CM[0], X[0]], np.r_[CM[1], X[1]])
     gaps = iv.complement(busy, sets.lo, sets.hi)
-    r = IdleResult(idle_ns=iv.total(gaps), gaps=int(gaps[0].size))
+    length = gaps[1] - gaps[0]
+    r = IdleResult(idle_ns=iv.total(gaps), gaps=int(gaps[0].size),
+                   idle_stall_ns=int(length[length >= STALL_GAP_NS].sum()))
     off, inp = copy_roles(sets.copy_ops)
     r.input_bytes = int(inp["bytes"].sum())
     r.input_pageable_bytes = int(inp.loc[~inp["pinned"].astype(bool), "bytes"].sum())
