@@ -5,8 +5,10 @@ Per GPU, over the window (``docs/classification.md`` has the derivation):
     memory        = recompute + idle around allocator calls + exposed offload copies
                     + idle right after offload copies
     communication = exposed communication (transfer + waiting for peers)
-    host          = the rest of the idle time (launch-late, after host syncs, other)
+    host          = the rest of the idle time (input, launch-late, after host syncs, other)
+                    + exposed input copies (host-to-device copies that are not offload)
     compute       = compute kernels - recompute + other exposed copies
+    (recompute is memory's only when the card is near capacity: ``memory.charged_recompute``)
 
 The four add up to the window. Job level: when a straggler exists, the time other ranks
 spend *waiting* for it is moved from communication to the straggler's own wall (the wall in
@@ -45,11 +47,18 @@ class Verdict:
 
 def gpu_walls(a: GpuAnalysis) -> dict[str, int]:
     """Nanoseconds of the window per wall for one GPU (they sum to the window)."""
+    from .analyzers.memory import charged_recompute
+
     mem, idle = a.memory, a.idle
-    memory = mem.recompute_ns + idle.idle_alloc_ns + idle.idle_offload_ns + mem.offload_exposed_ns
-    compute = a.compute.compute_ns - mem.recompute_ns + (a.compute.exposed_copy_ns - mem.offload_exposed_ns)
     host = idle.idle_ns - idle.idle_alloc_ns - idle.idle_offload_ns
-    return {"compute": int(compute), "communication": int(a.communication.exposed_comm_ns), "host": int(host),
+    rc = charged_recompute(mem)
+    rc["host"] = min(rc["host"], host)  # launch gaps the idle split already gave to memory stay there
+    comm = a.communication.exposed_comm_ns - rc["communication"]
+    memory = sum(rc.values()) + idle.idle_alloc_ns + idle.idle_offload_ns + mem.offload_exposed_ns
+    # exposed input copies are the input pipeline's (host), other exposed copies compute's
+    inp = min(idle.input_exposed_ns, a.compute.exposed_copy_ns - mem.offload_exposed_ns)
+    compute = a.compute.compute_ns - rc["compute"] + (a.compute.exposed_copy_ns - mem.offload_exposed_ns - inp)
+    return {"compute": int(compute), "communication": int(comm), "host": int(host - rc["host"] + inp),
             "memory": int(memory)}
 
 
@@ -60,6 +69,17 @@ def decide(shares: dict[str, float], thresholds: dict[str, float]) -> Verdict:
     conf = s1 / (s1 + s2) if (s1 + s2) > 0 else 0.0
     return Verdict(wall=ranked[0], runner_up=ranked[1], confidence=round(conf, 3),
                    scores={w: round(v, 3) for w, v in scores.items()})
+
+
+def decide_memory_bound(shares: dict[str, float], thresholds: dict[str, float]) -> Verdict:
+    """The job fits only by recomputing (full recompute with the card near capacity: the seeds'
+    memory wall): memory wins whatever the shares, the runner-up is the best other wall and
+    confidence compares the two scores as ``decide`` does (below 0.5 when the other is larger)."""
+    base = decide(shares, thresholds)
+    runner = max((w for w in WALLS if w != "memory"), key=lambda w: base.scores[w])
+    s1, s2 = base.scores["memory"], base.scores[runner]
+    return Verdict(wall="memory", runner_up=runner, confidence=round(s1 / (s1 + s2), 3) if s1 + s2 else 0.0,
+                   scores=base.scores)
 
 
 def straggler_wall(j: int, per_gpu_ns: list[dict[str, int]], iterations: list[int]) -> tuple[str, float]:

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from . import analyzers, classify, config, fixes, pitfalls
-from .analyzers import GpuRecord, Job, communication, iterations, memory, stragglers
+from .analyzers import GpuRecord, Job, communication, iterations, memory, profiler, stragglers
 from .clocks import align_clocks
 from .contract import stamp
 from .errors import ProfileError
@@ -46,6 +46,7 @@ class Diagnosis:
     missing: list[str]
     config: dict
     pitfalls: list[dict] = field(default_factory=list)
+    memory: dict = field(default_factory=dict)  # recompute, footprint, offload (analyzers.memory.section)
     clock: dict = field(default_factory=dict)
     nsys_versions: list[str] = field(default_factory=list)
     # time per step of each normalised kernel/copy name, mean per GPU (what `diff` matches)
@@ -174,8 +175,9 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
                for w in classify.WALLS},
         window=iterations.window_section(job), devices=_devices(job), stragglers=job.stragglers,
         collectives=job.comm.collectives, fixes=chosen, evidence=analyzers.job_evidence(job, numbers),
-        missing=sorted({m for p in profiles for m in p.missing}) + iterations.missing(job), config=cfg,
-        pitfalls=_pitfalls(job, flags, env_all, numbers),
+        missing=(sorted({m for p in profiles for m in p.missing}) + iterations.missing(job)
+                 + profiler.missing(job, numbers)), config=cfg,
+        pitfalls=_pitfalls(job, flags, env_all, numbers, facts), memory=memory.section(job, numbers),
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
         kernels=table_records(kernel_table(gpus, [r.iterations for r in job.records])))
@@ -198,6 +200,8 @@ def _classify(job: Job, blamed: list[dict]) -> tuple[classify.Verdict, dict[str,
     shares = {w: (v / job.step_ns if job.step_ns else 0.0) for w, v in job.walls_ns.items()}
     if straggler_wall:
         return classify.decide_with_straggler(shares, thresholds, straggler_wall, blamed[0]["blame_share"]), shares
+    if memory.memory_bound(job):
+        return classify.decide_memory_bound(shares, thresholds), shares
     return classify.decide(shares, thresholds), shares
 
 
@@ -220,9 +224,11 @@ def _devices(job: Job) -> list[dict]:
     return devices
 
 
-def _pitfalls(job: Job, flags: dict, env: dict, numbers: dict) -> list[dict]:
+def _pitfalls(job: Job, flags: dict, env: dict, numbers: dict, measured: dict) -> list[dict]:
+    """Rules over the run's configuration facts and the analyzers' measured ones (``measured``)."""
     peak_share = memory.peak_share(job)
-    found = pitfalls.check(pitfalls.facts(flags, env, job.cfg, peak_share, len(job.records)), numbers, job.step_ms)
+    found = pitfalls.check({**measured, **pitfalls.facts(flags, env, job.cfg, peak_share, len(job.records))},
+                           numbers, job.step_ms)
     for pf in found:
         if peak_share is not None and "memory_headroom" in pf["facts"]:
             pf["evidence"] = memory.headroom_note(peak_share)

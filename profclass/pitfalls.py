@@ -91,7 +91,7 @@ def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scop
             ms = max(0.0, float(GAINS[cost](cost_numbers)))
         else:
             ms = None
-        out.append({"rule": rule["id"], "title": rule["title"], "message": rule["message"], "fix": rule["fix"],
+        out.append({"id": rule["id"], "rule": rule["id"], "title": rule["title"], "message": rule["message"], "fix": rule["fix"],
                     "cost_ms_per_step": None if ms is None else round(ms, 2),
                     "cost_pct": None if ms is None or not step_ms else round(100 * ms / step_ms, 1),
                     "facts": [c for c in rule["when"]]})

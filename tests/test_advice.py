@@ -75,8 +75,9 @@ def test_full_recompute_with_headroom_on_real_profiles(diagnosis):
 
 
 def _built(tmp_path, args, env=None, gpu="NVIDIA H100 80GB HBM3", recompute=False, peak_share=None,
-           kernels_extra=()):
-    """A two-iteration single-GPU export with a captured command line."""
+           kernels_extra=(), op_ranges=0):
+    """A two-iteration single-GPU export with a captured command line (``op_ranges``: that many
+    emit_nvtx-style op ranges per iteration, 1 us each, 2 us apart)."""
     b = NsysExportBuilder(tmp_path / "run.sqlite")
     b.add_gpu(0, name=gpu, total_memory=80 * 2**30)
     b.add_meta_command(["python3", "pretrain_gpt.py", *args], env=env)
@@ -93,6 +94,9 @@ def _built(tmp_path, args, env=None, gpu="NVIDIA H100 80GB HBM3", recompute=Fals
         for name in kernels_extra:
             b.add_kernel(t, t + 10_000, name, launch=(t - 5_000, t - 1_000))
             t += 20_000
+        for i in range(op_ranges):
+            b.add_nvtx(f"aten::view, seq = {i}, op_id = {it * op_ranges + i}", start + 3_000 * i,
+                       start + 3_000 * i + 1_000)
         b.add_nvtx(f"iteration {it}", start - 30_000, t)
         t += 50_000
     if peak_share is not None:
@@ -129,6 +133,8 @@ CASES = {
     "full_recompute_with_headroom": (
         dict(args=["--recompute-granularity", "full"], recompute=True, peak_share=0.3),
         dict(args=["--recompute-granularity", "full"], recompute=True, peak_share=0.95)),
+    # 150 op ranges x 2 us per ~0.6 ms step: the capture's own cost is ~50% of it
+    "profiler_overhead_emit_nvtx": (dict(args=[], op_ranges=150), dict(args=[], op_ranges=0)),
 }
 
 

@@ -46,7 +46,8 @@ def idle_profile(tmp_path_factory):
     """Six 1 ms compute kernels K1..K6 and five gaps, one of each idle kind:
 
     gap 1 [1U, 2U)   alloc:    cudaMalloc runs inside the gap
-    gap 2 [3U, 5U)   offload:  a 1 MiB pinned DtoH copy ended exactly when the gap began
+    gap 2 [3U, 5U)   offload:  a 1 MiB pinned DtoH copy ended exactly when the gap began (its
+                               return, a 1 MiB HtoD copy under K1, makes it offload)
     gap 3 [6U, 9U)   sync:     cudaStreamSynchronize returned inside the gap
     gap 4 [10U, 14U) launch:   K5 was launched 3 ms after the gap began
     gap 5 [15U, 20U) other:    K6 was queued (launched) before the gap; nothing else explains it
@@ -58,6 +59,8 @@ def idle_profile(tmp_path_factory):
         b.add_kernel(at(s), at(s + 1), ELEMENTWISE, stream=stream, launch=launch_at(at(launch)))
 
     k(0, -0.5)                                            # K1 [0, 1U)
+    b.add_memcpy(at(0.2), at(0.7), 1 << 20, "HtoD", pinned=True, stream=8,
+                 launch=launch_at(at(0.1)))               # the offload's return, hidden under K1
     b.add_runtime("cudaMalloc_v3020", at(1.2), at(1.4))
     k(2, 1.5)                                             # K2 [2U, 3U), launched late but alloc wins
     b.add_memcpy(at(2.5), at(3), 1 << 20, "DtoH", pinned=True, stream=8,
@@ -83,7 +86,7 @@ def test_idle_split_exact(idle_profile):
         1 * U, 2 * U, 3 * U, 4 * U, 5 * U)
     assert f.alloc_calls == 1 and f.alloc_call_ns == 200_000
     assert f.sync_calls == 1 and f.sync_call_ns == 1_100_000
-    assert f.offload_bytes == 1 << 20
+    assert f.offload_bytes == 2 << 20  # out and back
     assert f.offload_exposed_ns == 0 and f.exposed_copy_ns == 0  # the copy ran under K2
     assert f.comm_ns == 0 and f.exposed_comm_ns == 0
 

@@ -22,15 +22,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..timeline import GpuTimeline
-from . import communication, compute, host, idle, iterations, memory, stragglers
+from . import communication, compute, host, idle, iterations, memory, profiler, stragglers
 from .job import GpuRecord, Job
 from .sets import window_sets
 
 # per-GPU analyzers: (GpuAnalysis field, module)
 PER_GPU = (("window", iterations), ("compute", compute), ("communication", communication),
-           ("idle", idle), ("host", host), ("memory", memory))
+           ("idle", idle), ("host", host), ("memory", memory), ("profiler", profiler))
 # job-level halves, in the order their evidence rows are reported
-JOB_LEVEL = (compute, communication, stragglers, idle, host, memory, iterations)
+JOB_LEVEL = (compute, communication, stragglers, idle, host, profiler, memory, iterations)
 # the per-GPU ``features`` of the JSON: every result field, in this (published) order
 FEATURE_ORDER = (
     "window_ns", "iterations", "step_ns", "compute_ns", "gemm_ns", "comm_ns", "exposed_comm_ns",
@@ -53,6 +53,7 @@ class GpuAnalysis:
     idle: idle.IdleResult
     host: host.HostResult
     memory: memory.MemoryResult
+    profiler: profiler.ProfilerResult
 
 
 def analyse_gpu(gpu: GpuTimeline, prof) -> GpuAnalysis:

@@ -12,11 +12,12 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
 from .job import Job, evidence_row, mean_per_step_ms
-from .sets import WindowSets, name_matches
+from .sets import WindowSets, clipped_set, name_matches
 
 ALLOC_CALLS = re.compile(r"^(cudaMalloc(?!Async)|cudaFree(?!Async)|cudaMallocHost|cudaHostAlloc|"
                          r"cudaFreeHost|cudaMallocManaged|cudaMallocPitch|cuMemAlloc(?!Async)|"
@@ -28,7 +29,19 @@ SYNC_CALLS = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEven
                         r"cuEventSynchronize|cudaMemcpy$|cudaMemcpy2D$|cuMemcpyDtoH|cuMemcpyHtoD$)")
 SYNC_SLACK_NS = 50_000  # a sync that returned at most this long before the gap began caused it
 OFFLOAD_MIN_BYTES = 256 * 1024  # smaller host<->device copies are control traffic, not offload
+# offload is a round trip: what goes to the host comes back (activations out in forward, in
+# for backward; optimizer offload: gradients out, parameters in, fp32 vs bf16 at most 2x
+# apart). Device-to-host and host-to-device volumes within this factor are offload;
+# host-to-device copies without their outbound half are input data
+OFFLOAD_RETURN_RATIO = 2.0
 HOST_SYNC_IDLE_MIN = 0.03  # share of the step idle after host syncs that makes them worth fixing
+# a GPU gap this long is the host away (a stall, logging, a checkpoint check, GC): launching
+# a kernel takes 5-20 us, so falling behind on launches opens gaps of tens to hundreds of us,
+# never 2 ms; in a synchronous job every peer then waits for this rank
+STALL_GAP_NS = 2_000_000
+# the input pipeline is reported from this share of the step: what a timer resolves over a
+# few steps (below, input time is noise next to the 5-10% run-to-run spread)
+INPUT_MIN_SHARE = 0.01
 
 
 @dataclass
@@ -37,23 +50,46 @@ class IdleResult:
     gaps: int = 0
     idle_alloc_ns: int = 0
     idle_offload_ns: int = 0
+    idle_input_ns: int = 0  # gaps an input copy (host-to-device, not offload) closes or opens
     idle_sync_ns: int = 0
     idle_launch_ns: int = 0
     idle_other_ns: int = 0
+    idle_stall_ns: int = 0  # idle in gaps of at least STALL_GAP_NS (any cause): the host was away
     alloc_calls: int = 0  # allocator calls in the window
     alloc_call_ns: int = 0
     sync_calls: int = 0  # host syncs (and blocking pageable device-to-host copies) in the window
     sync_call_ns: int = 0
+    input_bytes: int = 0  # host-to-device input copies in the window (not offload)
+    input_pageable_bytes: int = 0  # of which from pageable host memory (a blocking copy)
+    input_exposed_ns: int = 0  # input copies nothing hides
 
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> IdleResult:
     CM, X = sets.compute_or_comm, sets.copies
     busy = iv.union(np.r_[CM[0], X[0]], np.r_[CM[1], X[1]])
     gaps = iv.complement(busy, sets.lo, sets.hi)
-    r = IdleResult(idle_ns=iv.total(gaps), gaps=int(gaps[0].size))
+    length = gaps[1] - gaps[0]
+    r = IdleResult(idle_ns=iv.total(gaps), gaps=int(gaps[0].size),
+                   idle_stall_ns=int(length[length >= STALL_GAP_NS].sum()))
+    off, inp = copy_roles(sets.copy_ops)
+    r.input_bytes = int(inp["bytes"].sum())
+    r.input_pageable_bytes = int(inp.loc[~inp["pinned"].astype(bool), "bytes"].sum())
+    r.input_exposed_ns = iv.total(iv.subtract(clipped_set(inp, sets.lo, sets.hi), CM))
     if gaps[0].size:
-        _split(r, gpu, gaps)
+        _split(r, gpu, gaps, off, inp)
     return r
+
+
+def copy_roles(copies: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(offload copies, input copies) among the window's host<->device copies: large copies
+    both ways of similar volume are offload; otherwise host-to-device copies are input."""
+    hd = copies[copies["kind"].isin(["HtoD", "DtoH"])]
+    large = hd[hd["bytes"] >= OFFLOAD_MIN_BYTES]
+    out_b = float(large.loc[large["kind"] == "DtoH", "bytes"].sum())
+    in_b = float(large.loc[large["kind"] == "HtoD", "bytes"].sum())
+    if out_b > 0 and in_b > 0 and max(out_b, in_b) <= OFFLOAD_RETURN_RATIO * min(out_b, in_b):
+        return large, hd.iloc[:0]
+    return hd.iloc[:0], hd[hd["kind"] == "HtoD"]
 
 
 def _host_calls(r: IdleResult, gpu: GpuTimeline):
@@ -76,7 +112,7 @@ def _host_calls(r: IdleResult, gpu: GpuTimeline):
     return alloc, sync_end
 
 
-def _split(r: IdleResult, gpu: GpuTimeline, gaps: iv.IntervalSet) -> None:
+def _split(r: IdleResult, gpu: GpuTimeline, gaps: iv.IntervalSet, off: pd.DataFrame, inp: pd.DataFrame) -> None:
     a, b = gaps
     alloc, sync_end = _host_calls(r, gpu)
     ops = gpu.ops
@@ -87,24 +123,30 @@ def _split(r: IdleResult, gpu: GpuTimeline, gaps: iv.IntervalSet) -> None:
     alloc_end = np.sort(alloc["end"].to_numpy())
     overlap = iv.measure_within(A, a, b) if A[0].size else np.zeros(a.size, np.int64)
     alloc_bound = (overlap > 0) | _ended_within(alloc_end, a - SYNC_SLACK_NS, b)
-    # offload-bound: the gap opens right after a large host<->device copy finished (the
-    # host waited for the offload copy, then refilled the queue)
-    off = ops[ops["kind"].isin(["HtoD", "DtoH"]) & (ops["bytes"] >= OFFLOAD_MIN_BYTES)]
-    off_end = np.sort(off["end"].to_numpy())
-    offload_bound = _ended_within(off_end, a - SYNC_SLACK_NS, a) & ~alloc_bound
+    # offload-bound: the gap opens right after an offload copy finished (the host waited
+    # for it, then refilled the queue)
+    offload_bound = _ended_within(np.sort(off["end"].to_numpy()), a - SYNC_SLACK_NS, a) & ~alloc_bound
+    # input-bound: an input copy closes the gap (the host was building the batch) or just
+    # ended before it (a blocking pageable copy held the host)
+    taken = alloc_bound | offload_bound
+    input_bound = (_ended_within(np.sort(inp["start"].to_numpy()), b, b)
+                   | _ended_within(np.sort(inp["end"].to_numpy()), a - SYNC_SLACK_NS, a)) & ~taken
+    taken |= input_bound
     # sync-bound: a sync call returned between (gap start - slack) and the gap end
-    sync_bound = _ended_within(sync_end, a - SYNC_SLACK_NS, b) & ~alloc_bound & ~offload_bound
+    sync_bound = _ended_within(sync_end, a - SYNC_SLACK_NS, b) & ~taken
+    taken |= sync_bound
     # launch-bound: the op that ends the gap was launched after the gap began
     starts = ops["start"].to_numpy()
     j = np.minimum(np.searchsorted(starts, b, side="left"), len(starts) - 1)
     launch = ops["launch_start"].to_numpy()[j]
-    late = (launch >= 0) & (launch > a) & ~alloc_bound & ~offload_bound & ~sync_bound
+    late = (launch >= 0) & (launch > a) & ~taken
     length = b - a
     r.idle_alloc_ns = int(length[alloc_bound].sum())
     r.idle_offload_ns = int(length[offload_bound].sum())
+    r.idle_input_ns = int(length[input_bound].sum())
     r.idle_sync_ns = int(length[sync_bound].sum())
     r.idle_launch_ns = int(length[late].sum())
-    r.idle_other_ns = int(length[~alloc_bound & ~offload_bound & ~sync_bound & ~late].sum())
+    r.idle_other_ns = int(length[~taken & ~late].sum())
 
 
 def _ended_within(sorted_ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -117,6 +159,7 @@ def _ended_within(sorted_ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np
 
 # fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
 GAINS = {
+    "input": lambda n: n["input_ms"],
     "idle_sync": lambda n: n["idle_sync_ms"],
     "idle_launch": lambda n: n["idle_launch_ms"],
     "idle_alloc": lambda n: n["idle_alloc_ms"],
@@ -125,15 +168,26 @@ GAINS = {
 def numbers(job: Job) -> dict:
     return dict(idle_sync_ms=mean_per_step_ms(job, lambda a: a.idle.idle_sync_ns),
                 idle_launch_ms=mean_per_step_ms(job, lambda a: a.idle.idle_launch_ns),
-                idle_alloc_ms=mean_per_step_ms(job, lambda a: a.idle.idle_alloc_ns))
+                idle_alloc_ms=mean_per_step_ms(job, lambda a: a.idle.idle_alloc_ns),
+                # the input pipeline: idle waiting on input copies and the copies nothing hides
+                input_ms=mean_per_step_ms(job, lambda a: a.idle.idle_input_ns + a.idle.input_exposed_ns))
 
 
 def facts(job: Job, numbers: dict) -> dict:
-    return dict(host_sync_idle=numbers["idle_sync_ms"] >= HOST_SYNC_IDLE_MIN * job.step_ms)
+    pageable = any(r.analysis.idle.input_pageable_bytes for r in job.records)
+    return dict(host_sync_idle=numbers["idle_sync_ms"] >= HOST_SYNC_IDLE_MIN * job.step_ms,
+                input_pipeline=numbers["input_ms"] >= INPUT_MIN_SHARE * job.step_ms,
+                input_pageable=pageable and numbers["input_ms"] >= INPUT_MIN_SHARE * job.step_ms)
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
-    return [evidence_row("host", "idle after host syncs", numbers["idle_sync_ms"], "ms/step",
+    recs = job.records
+    mib = np.mean([r.analysis.idle.input_bytes / r.iterations for r in recs]) / 2**20
+    pageable = np.mean([r.analysis.idle.input_pageable_bytes / r.iterations for r in recs]) / 2**20
+    return [evidence_row("host", "input pipeline (waits on input copies, exposed copies)", numbers["input_ms"],
+                         "ms/step", f"{mib:.1f} MiB host-to-device input per step, {pageable:.1f} MiB from "
+                         "pageable memory; no device-to-host return, so not offload"),
+            evidence_row("host", "idle after host syncs", numbers["idle_sync_ms"], "ms/step",
                          "GPU idle that began when a host synchronisation returned"),
             evidence_row("host", "idle, launch-late", numbers["idle_launch_ms"], "ms/step",
                          "the next kernel was launched after the GPU ran dry"),

@@ -12,18 +12,35 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
-from .idle import OFFLOAD_MIN_BYTES
+from .idle import copy_roles
 from .job import Job, evidence_row, mean_per_step_ms
+from .recompute import recomputed_spans
 from .sets import WindowSets, clipped_set
 
 OFFLOAD_MIN_SHARE = 0.01  # offload copies and their waits above this share of the step
+# peak footprint (the process's cudaMalloc'd bytes, caching-allocator pool included) at or
+# above this share of the card is "near capacity": the rest is what the caching allocator's
+# fragmentation (reserved - allocated, commonly 10-15% of the pool at peak) and the memory
+# outside the pool (CUDA context, NCCL and cuBLAS workspaces: 1-3 GiB) take, so keeping the
+# activations that recompute drops would run out of memory. docs/classification.md
+NEAR_CAPACITY = 0.8
+# recompute charged to memory above this share of the step makes memory the verdict: above
+# the 5-10% run-to-run noise of a step, so what memory costs is measurable
+MEMORY_BOUND_MIN_SHARE = 0.10
+# extra forward passes per backward below this are no recompute: one pair kernel used outside
+# the layers (the loss's softmax) in a 20-layer model gives ~0.05
+MIN_RECOMPUTE_RATIO = 0.05
 
 
 @dataclass
 class MemoryResult:
     recompute_ratio: float = 0.0  # extra forward passes per backward pass
     pair_fwd_ns: int = 0  # forward kernels that have a backward partner
-    recompute_ns: int = 0  # estimate
+    recompute_ns: int = 0  # measured when recompute_measured_ns is known, else the ratio estimate
+    recompute_measured_ns: int | None = None  # recomputed-forward spans; None: no backward seen
+    recompute_compute_ns: int = 0  # of the measured spans: compute kernels
+    recompute_comm_ns: int = 0  # communication no compute hides (the re-run dispatch)
+    recompute_idle_ns: int = 0  # GPU idle between the recomputed kernels (launch gaps)
     offload_bytes: int = 0
     offload_exposed_ns: int = 0  # offload copies nothing hides
     peak_memory_bytes: int | None = None
@@ -53,17 +70,57 @@ def recompute_ratio(ops: pd.DataFrame) -> float:
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> MemoryResult:
     comp, lo, hi = sets.compute_ops, sets.lo, sets.hi
     copies = sets.copy_ops
-    off = copies[copies["kind"].isin(["HtoD", "DtoH"]) & (copies["bytes"] >= OFFLOAD_MIN_BYTES)]
+    off, _ = copy_roles(copies)  # offload needs its round trip; one-way input copies are not
     fwd = comp[comp["side"] == "fwd"]
     r = MemoryResult(recompute_ratio=recompute_ratio(comp),
                      pair_fwd_ns=int((fwd["end"].clip(upper=hi) - fwd["start"].clip(lower=lo)).clip(lower=0).sum()),
                      offload_bytes=int(off["bytes"].sum()),
                      offload_exposed_ns=iv.total(iv.subtract(clipped_set(off, lo, hi), sets.compute_or_comm)))
-    # forward ~ 1/3 of a step's compute (backward ~ 2x forward); recompute adds r forwards
-    ratio = r.recompute_ratio
-    r.recompute_ns = int(iv.total(sets.compute) * ratio / (3.0 + ratio)) if ratio >= 0.05 else 0
+    _measure_recompute(r, gpu, sets)
     r.total_memory_bytes, r.peak_memory_bytes = _footprint(gpu, prof)
     return r
+
+
+def _measure_recompute(r: MemoryResult, gpu: GpuTimeline, sets: WindowSets) -> None:
+    """The recomputed forward's spans inside backward (``recompute``), split by what ran in
+    them; without backward-only kernels, the kernel-ratio estimate."""
+    comp = sets.compute_ops
+    if not (comp["side"] == "bwd").any():
+        _estimate_recompute(r, sets)
+    elif r.recompute_ratio < MIN_RECOMPUTE_RATIO:
+        # every forward-only kernel has its backward partner: nothing runs twice (a
+        # pipeline's later micro-batch forwards between backwards look like recompute)
+        r.recompute_measured_ns = 0
+    else:
+        R = iv.clip(recomputed_spans(comp), sets.lo, sets.hi)
+        r.recompute_measured_ns = r.recompute_ns = iv.total(R)
+        r.recompute_compute_ns = iv.total(iv.intersect(R, sets.compute))
+        r.recompute_comm_ns = iv.total(iv.intersect(iv.subtract(R, sets.compute), sets.comm))
+        busy = iv.union(np.r_[sets.compute_or_comm[0], sets.copies[0]], np.r_[sets.compute_or_comm[1], sets.copies[1]])
+        r.recompute_idle_ns = iv.total(iv.subtract(R, busy))
+
+
+def _estimate_recompute(r: MemoryResult, sets: WindowSets) -> None:
+    # forward ~ 1/3 of a step's compute (backward ~ 2x forward); recompute adds r forwards
+    ratio = r.recompute_ratio
+    r.recompute_ns = r.recompute_compute_ns = (int(iv.total(sets.compute) * ratio / (3.0 + ratio))
+                                               if ratio >= MIN_RECOMPUTE_RATIO else 0)
+
+
+def near_capacity(m: MemoryResult) -> bool | None:
+    """Whether this GPU's peak footprint is near its card's capacity; None when unknown."""
+    if not m.peak_memory_bytes or not m.total_memory_bytes:
+        return None
+    return m.peak_memory_bytes >= NEAR_CAPACITY * m.total_memory_bytes
+
+
+def charged_recompute(m: MemoryResult) -> dict[str, int]:
+    """The recompute time the memory wall takes from the other walls, by where it sits: all of
+    it when the card is near capacity (the job recomputes because it must), none otherwise
+    (then recompute is a pitfall, and its time stays compute, communication and launch gaps)."""
+    if not near_capacity(m):
+        return {"compute": 0, "communication": 0, "host": 0}
+    return {"compute": m.recompute_compute_ns, "communication": m.recompute_comm_ns, "host": m.recompute_idle_ns}
 
 
 def _footprint(gpu, prof) -> tuple[int | None, int | None]:
@@ -81,6 +138,16 @@ def _footprint(gpu, prof) -> tuple[int | None, int | None]:
 
 # ---------------------------------------------------------------------------------------------
 # job level
+
+def charged_recompute_ms(job: Job) -> float:
+    """Recompute time the memory wall took (ms per step, mean over GPUs)."""
+    return mean_per_step_ms(job, lambda a: sum(charged_recompute(a.memory).values()))
+
+
+def memory_bound(job: Job) -> bool:
+    """The seeds' memory wall: the job recomputes because its cards are near capacity, and
+    that recompute costs a measurable share of the step (needs ``job.step_ns``)."""
+    return bool(job.step_ns) and charged_recompute_ms(job) >= MEMORY_BOUND_MIN_SHARE * job.step_ms
 
 # fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
 GAINS = {
@@ -107,15 +174,25 @@ def numbers(job: Job) -> dict:
     pair_keep = float(np.mean([r.analysis.memory.pair_fwd_ns * r.analysis.memory.recompute_ratio
                                / (1 + r.analysis.memory.recompute_ratio) / r.iterations
                                for r in job.records])) / 1e6
+    measured = [r.analysis.memory.recompute_measured_ns / r.iterations for r in job.records
+                if r.analysis.memory.recompute_measured_ns is not None]
     return dict(recompute_ms=mean_per_step_ms(job, lambda a: a.memory.recompute_ns), selective_keep_ms=pair_keep,
+                # the recomputed forward timed in the profile (None: no backward kernels to find it by)
+                recompute_measured_ms=float(np.mean(measured)) / 1e6 if measured else None,
                 offload_ms=(mean_per_step_ms(job, lambda a: a.memory.offload_exposed_ns)
                             + mean_per_step_ms(job, lambda a: a.idle.idle_offload_ns)),
                 memory_ms=job.walls_ns["memory"] / 1e6)
 
 
+OFFLOAD_FLAGS = ("--cpu-offloading", "--optimizer-cpu-offload", "--cpu-offloading-num-layers",
+                 "--offload-optimizer", "--fine-grained-activation-offloading")
+
+
 def facts(job: Job, numbers: dict) -> dict:
+    flags = job.cfg.get("command_line_flags", {}).get("value", {}) or {}
     return dict(alloc_in_steady=numbers["idle_alloc_ms"] > 0,
-                offload=numbers["offload_ms"] > OFFLOAD_MIN_SHARE * job.step_ms)
+                offload=(numbers["offload_ms"] > OFFLOAD_MIN_SHARE * job.step_ms
+                         or (numbers["offload_ms"] > 0 and any(f in flags for f in OFFLOAD_FLAGS))))
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
@@ -123,8 +200,11 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
     ratio = np.mean([r.analysis.memory.recompute_ratio for r in recs])
     alloc_calls = np.mean([r.analysis.idle.alloc_calls / r.iterations for r in recs])
     offload_mib = np.mean([r.analysis.memory.offload_bytes / r.iterations for r in recs]) / 2**20
-    ev = [evidence_row("memory", "recompute (estimate)", numbers["recompute_ms"], "ms/step",
-                       f"forward/backward kernel ratio {ratio:.2f}"),
+    how = ("recomputed forward measured inside backward" if numbers["recompute_measured_ms"] is not None
+           else "estimate")
+    ev = [evidence_row("memory", f"recompute ({how})", numbers["recompute_ms"], "ms/step",
+                       f"forward/backward kernel ratio {ratio:.2f}; charged to memory "
+                       f"{charged_recompute_ms(job):.1f} ms/step (only near capacity)"),
           evidence_row("memory", "idle around allocator calls", numbers["idle_alloc_ms"], "ms/step",
                        f"{alloc_calls:.1f} cudaMalloc/cudaFree-type calls per step"),
           evidence_row("memory", "offload copies (exposed) and their waits", numbers["offload_ms"], "ms/step",
@@ -136,3 +216,25 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
         ev.append(evidence_row("memory", "peak GPU memory", peak / 2**30, "GiB",
                                f"of {total / 2**30:.0f} GiB ({100 * peak / total:.0f}%)" if total else "capacity unknown"))
     return ev
+
+
+def section(job: Job, numbers: dict) -> dict:
+    """The Diagnosis ``memory`` object: recompute mode and cost, footprint, offload, allocator."""
+    recs = [r.analysis.memory for r in job.records]
+    peaks = [(m.peak_memory_bytes, m.total_memory_bytes) for m in recs if m.peak_memory_bytes]
+    peak, total = max(peaks) if peaks else (None, None)
+    if total is None:
+        totals = [m.total_memory_bytes for m in recs if m.total_memory_bytes]
+        total = max(totals) if totals else None
+    near = [x for x in (near_capacity(m) for m in recs) if x is not None]
+    measured = numbers.get("recompute_measured_ms")
+    return dict(
+        recompute_mode=job.cfg.get("recompute", {}).get("value"),
+        recompute_ms_per_step=None if measured is None else round(measured, 3),
+        recompute_charged_ms_per_step=round(charged_recompute_ms(job), 3),
+        peak_gib=None if peak is None else round(peak / 2**30, 2),
+        capacity_gib=None if total is None else round(total / 2**30, 2),
+        near_capacity=any(near) if near else None,
+        memory_bound=memory_bound(job),
+        offload_ms_per_step=round(numbers["offload_ms"], 3),
+        allocator_idle_ms_per_step=round(numbers["idle_alloc_ms"], 3))

@@ -11,6 +11,7 @@ from ..classify import WALLS
 from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
 from ..pipeline import Diagnosis, _jsonable
+from .causes import attribute
 from .saved import as_diagnosis
 from .stats import ALPHA, MIN_EFFECT, step_test
 
@@ -39,6 +40,7 @@ class DiffResult:
     config_changes: list[dict]
     notes: list[str] = field(default_factory=list)
     pitfalls: list[dict] = field(default_factory=list)  # rules with scope "diff" (data/rules.toml)
+    causes: dict | None = None  # wait vs transfer, waiting charged to the waited-for rank's wall (causes.py)
 
     def to_dict(self) -> dict:
         return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
@@ -106,7 +108,7 @@ def _components(b: Diagnosis, c: Diagnosis) -> list[dict]:
     add("host", "host synchronisations", f("sync_calls", 1.0), "calls/step")
     add("host", "kernels launched", f("kernels", 1.0), "per step")
     add("host", "kernels shorter than their launch", f("launch_bound_kernels", 1.0), "per step")
-    add("memory", "recompute (estimate)", f("recompute_ns"))
+    add("memory", "recompute", f("recompute_ns"))
     add("memory", "idle around allocator calls", f("idle_alloc_ns"))
     off_b = _feature_ms(b, "offload_exposed_ns") + _feature_ms(b, "idle_offload_ns")
     off_c = _feature_ms(c, "offload_exposed_ns") + _feature_ms(c, "idle_offload_ns")
@@ -279,13 +281,16 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
         if d.window["source"] == "whole":
             notes.append(f"{name}: no iterations found (whole capture used), so its step time has no spread")
     notes += saved_side_notes(b, c)
+    causes = attribute(b, c)
+    # a rise in waiting is the waited-for rank's wall, not communication
+    verdict_deltas = causes["walls_delta_ms"] if causes and causes["charged"] else walls_delta
     return DiffResult(
         base=_side(b), candidate=_side(c), step=step, significant=significant, regression=regression,
         improvement=improvement, change=change,
-        verdict=_verdict(step, significant, change, walls_delta, components, kernels),
+        verdict=_verdict(step, significant, change, verdict_deltas, components, kernels),
         walls=walls, walls_delta_ms=walls_delta, components=components, kernels=kernels,
         appeared=appeared, vanished=vanished, communication=_communication(b, c),
-        config_changes=_config_changes(b, c), notes=notes, pitfalls=_pair_pitfalls(b, c, mb))
+        config_changes=_config_changes(b, c), notes=notes, pitfalls=_pair_pitfalls(b, c, mb), causes=causes)
 
 
 def _pair_pitfalls(b: Diagnosis, c: Diagnosis, step_ms: float) -> list[dict]:

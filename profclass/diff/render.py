@@ -34,6 +34,8 @@ def render_text(r: DiffResult, width: int = 120, top: int = 12) -> str:
     p = p_value(t["p_value"])
     con.print(f"Test: {t['method']}, {p}{ci}; significant needs p<{t['alpha']} and |change|>={t['min_effect_pct']:g}%")
     _print_walls(con, r)
+    if r.causes:
+        con.print(f"Waiting vs transfer: {r.causes['summary']}.")
     _print_kernels(con, r, top)
     _print_communication(con, r)
     if r.config_changes:
@@ -115,6 +117,8 @@ def render_markdown(r: DiffResult, top: int = 10) -> str:
              "| wall | base ms/step | candidate ms/step | delta |", "|---|---:|---:|---:|"]
     lines += [f"| {w} | {r.walls[w]['base_ms']:.2f} | {r.walls[w]['candidate_ms']:.2f} | "
               f"{signed_ms(r.walls[w]['delta_ms'])} |" for w in WALLS]
+    if r.causes:
+        lines += ["", f"**Waiting vs transfer:** {r.causes['summary']}."]
     moved = [c for c in r.components if c["unit"] == "ms/step" and abs(c["delta"]) >= 0.05]
     if moved:
         lines += ["", "<details><summary>Inside the walls</summary>", "",

@@ -1,0 +1,80 @@
+"""The recomputed forward, found in the kernel sequence and timed (a helper of ``memory``).
+
+Activation checkpointing (Megatron's ``CheckpointFunction``, ``torch.utils.checkpoint``)
+re-runs a layer's forward at the start of that layer's backward: inside the backward region
+of a step the *same* kernel sequence as the forward appears again. Per steady iteration:
+
+- backward-only kernels (the ``bwd`` member of a forward/backward kernel pair,
+  ``kernels.FWD_BWD_PAIRS``) cut the compute-kernel sequence into stretches; the long ones
+  are forward passes (of the step or of each micro-batch), whatever the step's phase;
+- a kernel of another stretch is recomputed when it belongs to a run of ``K_GRAM``
+  consecutive compute kernels whose name sequence also occurs in a forward stretch;
+- a run counts only when it holds a forward-only kernel (the ``fwd`` pair member), which a
+  backward cannot run unless it recomputes: generic element-wise sequences that happen to
+  repeat do not count.
+
+The recompute cost is the wall-clock span of those runs (first kernel's start to last
+kernel's end): the recomputed kernels, the communication the recomputed forward re-issues
+(MoE dispatch all-to-all) and the launch gaps between them, which is what turning recompute
+off saves.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .. import intervals as iv
+
+# kernels per matched name sequence: a transformer layer's forward launches tens of
+# kernels, so 8 in a row is specific to it while two short element-wise chains that happen
+# to repeat (3-4 kernels) are not
+K_GRAM = 8
+# a bwd-free stretch at least this share of the longest one is a forward pass, not a
+# recomputed layer: a stage's forward runs its L layers, a recompute one layer (or a block
+# of --recompute-num-layers), so for L >= 3 layers a recompute stretch is at most 1/3 of it
+FORWARD_STRETCH_SHARE = 0.5
+
+
+def _kgrams(codes: np.ndarray, k: int) -> np.ndarray:
+    """Each window of ``k`` consecutive codes as one integer id (equal windows, equal ids)."""
+    w = np.lib.stride_tricks.sliding_window_view(codes, k)
+    return np.unique(w, axis=0, return_inverse=True)[1].ravel()
+
+
+def recomputed_spans(compute_ops: pd.DataFrame) -> iv.IntervalSet:
+    """The recomputed-forward spans among one GPU's compute kernels (any phase of the step)."""
+    ops = compute_ops.sort_values("start")
+    empty = iv.union(np.empty(0, np.int64), np.empty(0, np.int64))
+    side = ops["side"].to_numpy().astype(str)
+    is_bwd = side == "bwd"
+    if len(ops) < 2 * K_GRAM or not is_bwd.any():
+        return empty
+    codes = ops["full_name"].astype("category").cat.codes.to_numpy().astype(np.int32)
+    start, end = ops["start"].to_numpy(np.int64), np.maximum.accumulate(ops["end"].to_numpy(np.int64))
+    # stretches: the kernels between two backward-only kernels. A micro-batch's forward runs
+    # all of the stage's layers without one, a recomputed forward one layer (or one
+    # checkpointed block) before that layer's backward: the long stretches are forwards
+    stretch = np.cumsum(is_bwd)
+    length = np.bincount(stretch[~is_bwd], minlength=stretch[-1] + 1)
+    is_forward = length >= FORWARD_STRETCH_SHARE * length.max()
+    grams = _kgrams(codes, K_GRAM)
+    own = np.where(is_bwd, -1, stretch)  # a backward-only kernel belongs to no stretch
+    same = (own[:-K_GRAM + 1] == own[K_GRAM - 1:]) & (own[:-K_GRAM + 1] >= 0)  # window in one stretch
+    in_fwd = same & is_forward[stretch[:-K_GRAM + 1]]
+    # the window's first and last stretches are cut by its edges: not judged
+    inner = same & ~in_fwd & (stretch[:-K_GRAM + 1] > 0) & (stretch[:-K_GRAM + 1] < stretch[-1])
+    hit = inner & np.isin(grams, grams[in_fwd])
+    # kernel i is covered when some matching window starts in [i - K + 1, i]
+    covered = np.convolve(hit.astype(np.int32), np.ones(K_GRAM, np.int32))[:codes.size] > 0
+    edges = np.flatnonzero(np.diff(np.r_[0, covered.astype(np.int8), 0]))
+    run_lo, run_hi = edges[0::2], edges[1::2]  # [lo, hi) kernel indices
+    if run_lo.size == 0:
+        return empty
+    # kernels that differ from the forward (a router re-run) split one recomputed forward
+    # into pieces; pieces of one stretch are one forward
+    new = np.r_[True, stretch[run_lo[1:]] != stretch[run_hi[:-1] - 1]]
+    run_lo, run_hi = run_lo[new], np.r_[run_hi[np.flatnonzero(new)[1:] - 1], run_hi[-1]]
+    # it holds a forward-only kernel, which a backward runs only when it recomputes
+    fwd_only = np.cumsum(np.r_[0, side == "fwd"])
+    keep = fwd_only[run_hi] - fwd_only[run_lo] > 0
+    return iv.union(start[run_lo[keep]], end[run_hi[keep] - 1])
