@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from . import analyzers, classify, config, fixes, pitfalls
-from .analyzers import (GpuRecord, Job, communication, iterations, layout, memory,
+from .analyzers import (GpuRecord, Job, communication, iterations, layout, layout_infer, memory,
                         pipeline_bubbles, stragglers)
 from .clocks import align_clocks
 from .contract import stamp
@@ -25,6 +25,7 @@ from .errors import ProfileError
 from .inputs import resolve
 from .kernel_table import kernel_table, table_records
 from .onejob import check_one_job
+from .timeline import comm_kernels
 from .ranks import assign_ranks
 from .workers import summarise_files
 
@@ -164,9 +165,13 @@ def _walls(job: Job, shares: dict) -> dict:
 
 
 def _layout(profiles, gpus) -> layout.Layout:
+    """The layout from the command line, else (PP, EP) from the SendRecv traffic."""
     command = [a for p in profiles for a in p.command]
     env = {k: v for p in profiles for k, v in p.env.items()}
-    return layout.build(config.parse_flags(command), command, env, len(gpus))
+    lay = layout.build(config.parse_flags(command), command, env, len(gpus))
+    per_step = [g.analysis.host.kernels / max(g.analysis.window.iterations, 1) for g in gpus]
+    layout_infer.infer(lay, [comm_kernels(g) for g in gpus], [g.rank for g in gpus], per_step)
+    return lay
 
 
 def _classify(job: Job, blamed: list[dict]) -> tuple[classify.Verdict, dict[str, float]]:

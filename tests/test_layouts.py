@@ -94,6 +94,23 @@ def test_single_rank_of_a_bigger_job_says_what_it_misses(diagnosis):
     assert rows(d, "all_to_all", "PP") and rows(d, "all_to_all", "EP")
 
 
+@pytest.mark.parametrize("name", ["mcore_pp4_m4", "mcore_pp4_vpp2_m8", "mcore_pp2_ep2_m4", "mcore_pp2_ep2_vpp2_m4",
+                                  "mcore_tp2sp_ep2", "mcore_ep4_base"])
+def test_inference_without_the_command_line_recovers_pp_and_ep(name, monkeypatch):
+    from conftest import profile_path
+
+    from profclass import diagnose
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
+    d, par = diagnose(profile_path(name)), PARALLEL[name]
+    assert (d.layout["sizes"]["pp"], d.layout["sizes"]["ep"]) == (par["pp"], par["ep"])
+    assert d.layout["source"]["pp"] == d.layout["source"]["ep"] == "inferred"
+    if par["pp"] == 4:  # world = PP: TP, CP, DP all forced to 1, the whole layout recovered
+        assert all(d.layout["sizes"][k] == par[k] for k in ("tp", "dp"))
+        assert rows(d, "all_to_all", "PP")[0]["members"] == [[0, 1, 2, 3]]
+    if par["pp"] > 1 and par["ep"] > 1:
+        assert rows(d, "all_to_all", "PP") and rows(d, "all_to_all", "EP")
+
+
 def test_command_line_can_be_ignored(monkeypatch):
     monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
     lay = build({"--pipeline-model-parallel-size": "4"}, [], {"WORLD_SIZE": "4"}, 4)

@@ -31,8 +31,8 @@ CANDIDATES = {"all_to_all": ("EP", "PP"), "all_gather": ("TP", "CP", "DP", "EDP"
 
 
 def _candidates(ctype: str, groups: dict[str, list[int]], layout: Layout) -> list[str] | None:
-    if not groups and not any(layout.size(x) for x in ("tp", "cp", "pp", "ep")):
-        return None
+    if not groups and (ctype != "all_to_all" or not any(layout.size(x) for x in ("pp", "ep"))):
+        return None  # no membership: only SendRecv can be split, by the PP and EP sizes
     sizes = {g: len(m) for g, m in groups.items()} if groups else \
         {g: layout.size(g.lower()) for g in ("TP", "CP", "DP", "EDP", "ETP", "EP", "PP")}
     return [g for g in CANDIDATES.get(ctype, ()) if (sizes.get(g) or 1) > 1]
@@ -76,7 +76,7 @@ def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterat
 
 
 def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, its) -> tuple[str, str]:
-    if cands is None:  # no layout at all: the collective's usual group in an EP job
+    if cands is None:  # no (complete) layout: the collective's usual group in an EP job
         return COLLECTIVE_GROUP.get(ctype, "other"), "collective type (no layout: a guess)"
     if not cands:
         return "other", "layout: no group of this collective has more than one rank"

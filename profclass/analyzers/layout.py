@@ -4,7 +4,7 @@ ranks of each group.
 Sizes come from the captured command line: Megatron-LM flags (``--tensor-model-parallel-size``)
 or Megatron-Bridge Hydra overrides (``model.tensor_model_parallel_size=2``). Where neither is
 captured (or reading it is turned off, ``PROFCLASS_IGNORE_COMMAND_LINE=1``), the PP and EP
-sizes are inferred from who exchanges SendRecv traffic with whom (``comm_groups.infer``).
+sizes are inferred from who exchanges SendRecv traffic with whom (``layout_infer``).
 
 Group membership follows Megatron-Core's ``parallel_state``: dense ranks are ordered
 ``tp-cp-ep-dp-pp`` (TP fastest; EP is 1 in the dense generator), expert ranks ``tp-ep-dp-pp``
@@ -130,7 +130,7 @@ def fill(layout: Layout) -> None:
     from a command line (Megatron's own defaults), ETP to TP, DP and EDP from the world, micro-
     batches from global / (micro x DP)."""
     s, src = layout.sizes, layout.source
-    origin = next((v for v in src.values() if v), None)
+    origin = next((v for v in src.values() if v in ("command line", "bridge overrides")), None)
     for name in ("tp", "cp", "pp", "vpp", "ep"):
         if s.get(name) is None and origin:
             s[name], src[name] = 1, origin
@@ -142,6 +142,7 @@ def fill(layout: Layout) -> None:
     if w and all(s.get(k) for k in ("etp", "ep", "pp")) and w % (s["etp"] * s["ep"] * s["pp"]) == 0:
         s["edp"], src["edp"] = w // (s["etp"] * s["ep"] * s["pp"]), src.get("ep")
     mbs, gbs = s.pop("micro_batch_size", None), s.pop("global_batch_size", None)
+    s.pop("num_layers", None)
     if s.get("microbatches") is None and mbs and gbs and s.get("dp"):
         s["microbatches"], src["microbatches"] = gbs // (mbs * s["dp"]), src.get("dp")
     for k in SIZES:
