@@ -79,11 +79,20 @@ def test_tp_traffic_is_never_dp(diagnosis):
 
 
 def test_one_job_one_answer(diagnosis):
+    # the cause of the old split answer: PP send/recv matched by order across stages with
+    # different kernel counts invented waiting and blamed rank 3 (straggler, host wall)
     one, per_rank = diagnosis("mcore_pp4_m4"), diagnosis("mcore_pp4_m4_perrank")
-    assert one.verdict["wall"] == per_rank.verdict["wall"]
+    assert one.verdict["wall"] == per_rank.verdict["wall"] == "communication"
     assert not one.stragglers and not per_rank.stragglers
+
+
+@pytest.mark.xfail(strict=True, reason="rank 2's periodicity window in the per-rank capture holds 36 ms of "
+                   "compute per step against 53 on every other rank (iterations.py, the trust issue): "
+                   "communication 44% vs 49%")
+def test_one_job_shares_within_5_points(diagnosis):
+    one, per_rank = diagnosis("mcore_pp4_m4"), diagnosis("mcore_pp4_m4_perrank")
     for w in one.walls:
-        assert abs(one.walls[w]["share"] - per_rank.walls[w]["share"]) <= 0.06, w
+        assert abs(one.walls[w]["share"] - per_rank.walls[w]["share"]) <= 0.05, w
 
 
 def test_single_rank_of_a_bigger_job_says_what_it_misses(diagnosis):
