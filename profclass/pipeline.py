@@ -126,6 +126,9 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
     job = Job([GpuRecord(g, g.analysis, max(g.analysis.window.iterations, 1)) for g in gpus])
     job.layout = _layout(profiles, gpus)
     job.comm = communication.analyse_ranks(job)
+    for g, k in zip(gpus, job.comm_kernels):
+        if g.timeline is not None:  # kept for pictures: their lane per group
+            g.timeline.comm_groups = k[["start", "end", "group"]]
     job.pipeline = pipeline_bubbles.measure(job)
     blamed = stragglers.find(job)
     verdict, shares = _classify(job, blamed)
