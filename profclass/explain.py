@@ -39,7 +39,7 @@ def render_reference() -> str:
         lines.append(f"  [{wall}]")
         for f in (f for f in ref["fixes"] if f["wall"] == wall):
             cond = ", ".join(f"{k}={v}" for k, v in f.get("requires", {}).items())
-            lines.append(f"    - {f['title']}")
+            lines.append(f"    - {f['id']}: {f['title']}")
             lines.append(f"      flags: {f['flags']}")
             lines.append(f"      why:   {f['why']}" + (f"  (when {cond})" if cond else ""))
     lines += ["", "CONFIGURATION RULES (pitfalls)", ""]

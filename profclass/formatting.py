@@ -41,3 +41,23 @@ def by_rank(devices: list[dict]) -> list[dict]:
 def waits_ms_per_step(device: dict) -> float:
     """Time one GPU spent waiting for its peers in collectives, ms per steady step."""
     return device["comm"]["exposed_wait_ns"] / max(device["iterations"], 1) / 1e6 if device["comm"] else 0.0
+
+
+def layout_lines(d) -> list[str]:
+    """The parallel layout and the pipeline bubble, one plain sentence each (every reporter)."""
+    lay, pp = getattr(d, "layout", None) or {}, getattr(d, "pipeline", None) or {}
+    out = []
+    sizes = lay.get("sizes") or {}
+    if any(v is not None for v in sizes.values()):
+        known = ", ".join(f"{k.upper()}={v}" for k, v in sizes.items() if v is not None and k != "microbatches")
+        src = sorted({s for s in (lay.get("source") or {}).values() if s})
+        out.append(f"Layout: {known}; micro-batches {sizes.get('microbatches')}; world {lay.get('world')} "
+                   f"(from {', '.join(src) or 'nothing'})")
+    if pp.get("bubble_ms_per_step") is not None:
+        theory = f", theory {100 * pp['theory_share']:.0f}%" if pp.get("theory_share") is not None else ""
+        line = (f"Pipeline: {pp['stages']} stages x {pp['virtual_stages']} virtual, {pp['microbatches']} micro-batches; "
+                f"bubble {pp['bubble_ms_per_step']:.1f} ms/step ({100 * pp['bubble_share']:.0f}% of the step{theory})")
+        if pp.get("slowest_stage") is not None:
+            line += f"; slowest stage {pp['slowest_stage']} (+{pp['stage_imbalance_ms']:.1f} ms/step over the mean)"
+        out.append(line)
+    return out

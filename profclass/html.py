@@ -15,7 +15,7 @@ import io
 from . import __version__
 from . import timeline_view as tv
 from .classify import WALLS
-from .formatting import by_rank, pct, shorten, waits_ms_per_step
+from .formatting import by_rank, layout_lines, pct, shorten, waits_ms_per_step
 
 TOP_KERNELS = 15
 KERNEL_NAME_MAX = 90  # characters of a kernel name shown (the full name is in the title attribute)
@@ -155,7 +155,7 @@ def _collectives(d) -> list[str]:
              f"{c['wait_ms_per_step']:.2f}", f"{c['exposed_transfer_ms_per_step']:.2f}",
              f"{c['exposed_wait_ms_per_step']:.2f}", f"{c['overlapped_ms_per_step']:.2f}"]
             for c in d.collectives]
-    return ["<h2>Collectives</h2>",
+    return ["<h2>Collectives</h2>", *[f"<p>{_e(line)}</p>" for line in layout_lines(d)],
             "<p class=\"muted\">ms per step, mean over ranks; wait is time spent waiting for peers.</p>",
             _table(["collective", "group", "n", "transfer", "wait", "exposed transfer", "exposed wait",
                     "overlapped"], rows, {2, 3, 4, 5, 6, 7})]

@@ -18,13 +18,15 @@ import numpy as np
 import pandas as pd
 
 from . import analyzers, classify, config, fixes, pitfalls
-from .analyzers import GpuRecord, Job, communication, iterations, memory, profiler, stragglers
+from .analyzers import (GpuRecord, Job, communication, iterations, layout, layout_infer, memory,
+                        pipeline_bubbles, profiler, stragglers)
 from .clocks import align_clocks
 from .contract import stamp
 from .errors import ProfileError
 from .inputs import resolve
 from .kernel_table import kernel_table, table_records
 from .onejob import check_one_job
+from .timeline import comm_kernels
 from .ranks import assign_ranks
 from .ranks import summarise_file
 from .workers import summarise_files
@@ -51,6 +53,8 @@ class Diagnosis:
     nsys_versions: list[str] = field(default_factory=list)
     # time per step of each normalised kernel/copy name, mean per GPU (what `diff` matches)
     kernels: list[dict] = field(default_factory=list)
+    layout: dict = field(default_factory=dict)  # parallel sizes, their sources, group order
+    pipeline: dict = field(default_factory=dict)  # PP bubble and stage imbalance (pipeline_bubbles)
     # diagnose(keep_timelines=True) sets this to the analysed GpuTimelines (for pictures and
     # kernel tables); a plain class attribute, so not a dataclass field and not in to_dict()
     timelines = None
@@ -153,7 +157,12 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
     skew = align_clocks(gpus, {i: p.session_start_ns for i, p in enumerate(profiles)})
     # iterations and per-GPU analyzers ran per file, on its own clock (profclass.ranks)
     job = Job([GpuRecord(g, g.analysis, max(g.analysis.window.iterations, 1)) for g in gpus])
+    job.layout = _layout(profiles, gpus)
     job.comm = communication.analyse_ranks(job)
+    for g, k in zip(gpus, job.comm_kernels):
+        if g.timeline is not None:  # kept for pictures: their lane per group
+            g.timeline.comm_groups = k[["start", "end", "group"]]
+    job.pipeline = pipeline_bubbles.measure(job)
     blamed = stragglers.find(job)
     verdict, shares = _classify(job, blamed)
     ops_all = pd.concat(all_ops, ignore_index=True) if all_ops else pd.DataFrame()
@@ -162,6 +171,8 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
     job.cfg = cfg = config.derive(profiles, ops_all, len(gpus), recompute_ratio, cuda_graphs)
     numbers = analyzers.job_numbers(job)
     facts = {**config.config_facts(cfg), **analyzers.job_facts(job, numbers)}
+    if job.layout.size("ep"):  # the layout knows whether experts are split over ranks
+        facts["ep"] = job.layout.size("ep") > 1
     flags = cfg.get("command_line_flags", {}).get("value", {})
     env_all = {k: v for p in profiles for k, v in p.env.items()}
     # a fix is already on when its flag is on the command line or its variable in the environment
@@ -171,16 +182,32 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
         inputs=list(paths),
         verdict=dict(wall=verdict.wall, confidence=verdict.confidence, runner_up=verdict.runner_up,
                      summary=_summary(verdict, shares, job.walls_ns, job.stragglers), scores=verdict.scores),
-        walls={w: {"share": round(shares[w], 4), "ms_per_step": round(job.walls_ns[w] / 1e6, 3)}
-               for w in classify.WALLS},
+        walls=_walls(job, shares),
         window=iterations.window_section(job), devices=_devices(job), stragglers=job.stragglers,
         collectives=job.comm.collectives, fixes=chosen, evidence=analyzers.job_evidence(job, numbers),
         missing=(sorted({m for p in profiles for m in p.missing}) + iterations.missing(job)
-                 + profiler.missing(job, numbers)), config=cfg,
+                 + layout.missing(job) + profiler.missing(job, numbers)), config=cfg,
         pitfalls=_pitfalls(job, flags, env_all, numbers, facts), memory=memory.section(job, numbers),
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
-        kernels=table_records(kernel_table(gpus, [r.iterations for r in job.records])))
+        kernels=table_records(kernel_table(gpus, [r.iterations for r in job.records])),
+        layout=job.layout.to_dict(), pipeline=job.pipeline.to_dict())
+
+
+def _walls(job: Job, shares: dict) -> dict:
+    out = {w: {"share": round(shares[w], 4), "ms_per_step": round(job.walls_ns[w] / 1e6, 3)} for w in classify.WALLS}
+    out["communication"]["by_group"] = communication.by_group(job)
+    return out
+
+
+def _layout(profiles, gpus) -> layout.Layout:
+    """The layout from the command line, else (PP, EP) from the SendRecv traffic."""
+    command = [a for p in profiles for a in p.command]
+    env = {k: v for p in profiles for k, v in p.env.items()}
+    lay = layout.build(config.parse_flags(command), command, env, len(gpus))
+    per_step = [g.analysis.host.kernels / max(g.analysis.window.iterations, 1) for g in gpus]
+    layout_infer.infer(lay, [comm_kernels(g) for g in gpus], [g.rank for g in gpus], per_step)
+    return lay
 
 
 def _classify(job: Job, blamed: list[dict]) -> tuple[classify.Verdict, dict[str, float]]:

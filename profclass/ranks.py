@@ -34,7 +34,7 @@ from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, iter_gpus
 API_CALLS_USED = re.compile("|".join(f"(?:{p.pattern})" for p in (LAUNCH_CALLS, ALLOC_CALLS, SYNC_CALLS)))
 # the columns of all ops that the job-level configuration reads (distinct rows suffice)
 CONFIG_COLUMNS = ["is_comm", "library", "collective", "is_fp8"]
-COMM_COLUMNS = ["start", "end", "op", "is_comm", "collective", "launch_start", "launch_end"]
+COMM_COLUMNS = ["start", "end", "op", "is_comm", "collective", "stream", "launch_start", "launch_end"]
 
 
 @dataclass

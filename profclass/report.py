@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .classify import WALLS
-from .formatting import by_rank, md_cell, md_code, pct, waits_ms_per_step
+from .formatting import by_rank, layout_lines, md_cell, md_code, pct, waits_ms_per_step
 from .pipeline import Diagnosis
 
 
@@ -42,6 +42,8 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
     for s in d.stragglers:
         con.print(f"[bold]Straggler[/bold]: rank {s['rank']} (pid {s['pid']}, GPU {s['device']}): {s['reason']}; "
                   f"{s['detail']}; the others wait {s['others_wait_ms_per_step']:.1f} ms/step for it")
+    for line in layout_lines(d):
+        con.print(line)
     if d.collectives:
         t = Table(title="Collectives (ms/step, mean over ranks)", show_edge=False)
         for col in ("collective", "group", "n", "transfer", "wait", "exposed transfer", "exposed wait", "overlapped"):
@@ -91,6 +93,7 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
     for s in d.stragglers:
         lines += ["", f"**Straggler:** rank {s['rank']} ({s['reason']}): {s['detail']}; the others wait "
                       f"{s['others_wait_ms_per_step']:.1f} ms/step for it."]
+    lines += [x for line in layout_lines(d) for x in ("", line)]
     if d.collectives:
         lines += ["", "| collective | group | n | transfer | wait | exposed transfer | exposed wait | overlapped |",
                   "|---|---|---:|---:|---:|---:|---:|---:|"]

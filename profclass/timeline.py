@@ -49,6 +49,9 @@ class GpuTimeline:
     marker: str | None = None  # the kernel name that marks the step (periodicity only)
     periods: list = field(default_factory=list)  # candidate step periods (ns, names supporting)
     window: tuple[int, int] = (0, 0)
+    # start, end, group of each NCCL kernel once the communication analyzer named its group
+    # (the picture's lane per group); None before
+    comm_groups: pd.DataFrame | None = None
 
     @property
     def label(self) -> str:

@@ -25,7 +25,11 @@ LANE_COLOURS = {
     "all_to_all": "#DD8452", "all_reduce": "#C44E52", "all_gather": "#8172B3",
     "reduce_scatter": "#937860", "broadcast": "#DA8BC3", "reduce": "#8C613C", "other": "#8C8C8C",
     "memcpy": "#55A868", "idle": "#D9D9D9", "NVTX": "#CCB974",
+    # one lane per parallel group once the communicator of each kernel is known
+    "TP comm": "#8172B3", "CP comm": "#64B5CD", "EP comm": "#DD8452", "ETP comm": "#B47CC7",
+    "DP comm": "#C44E52", "EDP comm": "#E8A0A2", "PP comm": "#937860", "other comm": "#8C8C8C",
 }
+GROUP_LANES = [f"{g} comm" for g in ("TP", "CP", "EP", "ETP", "DP", "EDP", "PP", "other")]
 WALL_COLOURS = {"compute": "#4C72B0", "communication": "#DD8452", "host": "#B07AA1", "memory": "#55A868"}
 
 
@@ -94,11 +98,7 @@ def iteration_view(gpu: GpuTimeline, lo: int, hi: int, iteration: str = "") -> I
     add("compute", iv.union(compute["start"], compute["end"]))
     gemm = compute[compute["is_gemm"]]
     add("GEMM", iv.union(gemm["start"], gemm["end"]))
-    comm = ops[ops["is_comm"]]
-    for ctype in COLLECTIVE_TYPES:
-        c = comm[comm["collective"] == ctype]
-        if len(c):
-            add(ctype, iv.union(c["start"], c["end"]))
+    _add_comm_lanes(gpu, ops[ops["is_comm"]], lo, hi, add)
     copies = ops[(ops["op"] != "kernel") & ~ops["is_comm"]]
     add("memcpy", iv.union(copies["start"], copies["end"]))
     add("idle", iv.complement(iv.union(ops["start"], ops["end"]), lo, hi))
@@ -117,6 +117,24 @@ def iteration_view(gpu: GpuTimeline, lo: int, hi: int, iteration: str = "") -> I
         lanes[col] = lanes[col].fillna(default) if col in lanes else default
     lanes["level"] = lanes["level"].astype(int)
     return IterationView(label=gpu.label, rank=gpu.rank, iteration=iteration, lo=lo, hi=hi, lanes=lanes)
+
+
+def _add_comm_lanes(gpu: GpuTimeline, comm: pd.DataFrame, lo: int, hi: int, add) -> None:
+    """A lane per parallel group when the communicator of each kernel is known, else a lane
+    per collective type."""
+    groups = gpu.comm_groups
+    if groups is not None and len(groups):
+        g = groups[(groups["end"] > lo) & (groups["start"] < hi)]
+        for name, sub in g.groupby("group"):
+            add(f"{name} comm", iv.union(sub["start"], sub["end"]))
+        copies = comm[comm["op"] != "kernel"]  # peer copies: no communicator
+        if len(copies):
+            add("other comm", iv.union(copies["start"], copies["end"]))
+        return
+    for ctype in COLLECTIVE_TYPES:
+        c = comm[comm["collective"] == ctype]
+        if len(c):
+            add(ctype, iv.union(c["start"], c["end"]))
 
 
 def iteration_views(d) -> list[IterationView]:
@@ -191,7 +209,7 @@ def timeline_figure(d, width_in: float = 13.0):
     plt = _pyplot()
     views = iteration_views(d)
     present = set().union(*(set(v.lanes["lane"]) for v in views))
-    order = ["compute"] + [c for c in COLLECTIVE_TYPES if c in present] + ["memcpy", "idle"]
+    order = ["compute"] + [c for c in COLLECTIVE_TYPES + GROUP_LANES if c in present] + ["memcpy", "idle"]
     order = [lane for lane in order if lane in present or lane in ("compute", "idle")]
     has_nvtx = "NVTX" in present
     nvtx_rows = 1 + max((int(v.lanes.loc[v.lanes["lane"] == "NVTX", "level"].max()) for v in views
@@ -266,7 +284,7 @@ def _draw_gpu(ax, v, lanes_shown: list[str], nvtx_rows: int, origin: int, y: flo
 def _legend(ax, present: set[str], has_nvtx: bool) -> None:
     from matplotlib.patches import Patch
     legend = [Patch(facecolor=LANE_COLOURS[k], label=k.replace("_", "-"))
-              for k in ["compute", "GEMM"] + [c for c in COLLECTIVE_TYPES if c in present] + ["memcpy", "idle"]
+              for k in ["compute", "GEMM"] + [c for c in COLLECTIVE_TYPES + GROUP_LANES if c in present] + ["memcpy", "idle"]
               + (["NVTX"] if has_nvtx else []) if k in present or k in ("compute", "idle")]
     ax.legend(handles=legend, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(legend), fontsize=8,
               frameon=False)

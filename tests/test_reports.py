@@ -27,7 +27,7 @@ from profclass.report import render_markdown
 
 from conftest import ROOT, profile_path
 
-BUSY_LANES = {"compute", "memcpy", *tv.COLLECTIVE_TYPES}
+BUSY_LANES = {"compute", "memcpy", *tv.COLLECTIVE_TYPES, *tv.GROUP_LANES}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,8 @@ def test_comm_timeline_shows_its_collectives_and_nvtx(kept):
     assert [v.rank for v in views] == [0, 1, 2, 3]
     for v in views:
         present = set(v.lanes["lane"])
-        assert {"compute", "all_to_all", "all_reduce", "idle", "NVTX"} <= present
+        # a lane per parallel group: the all-to-all is EP, the all-reduce DP
+        assert {"compute", "EP comm", "DP comm", "idle", "NVTX"} <= present
         texts = set(v.lanes.loc[v.lanes["lane"] == "NVTX", "text"])
         assert v.iteration in texts  # the iteration's own NVTX range is on its lane
 

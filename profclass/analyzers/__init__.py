@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..timeline import GpuTimeline
-from . import communication, compute, host, idle, iterations, memory, profiler, stragglers
+from . import communication, compute, host, idle, iterations, memory, pipeline_bubbles, profiler, stragglers
 from .job import GpuRecord, Job
 from .sets import window_sets
 
@@ -30,7 +30,7 @@ from .sets import window_sets
 PER_GPU = (("window", iterations), ("compute", compute), ("communication", communication),
            ("idle", idle), ("host", host), ("memory", memory), ("profiler", profiler))
 # job-level halves, in the order their evidence rows are reported
-JOB_LEVEL = (compute, communication, stragglers, idle, host, profiler, memory, iterations)
+JOB_LEVEL = (compute, communication, pipeline_bubbles, stragglers, idle, host, profiler, memory, iterations)
 # the per-GPU ``features`` of the JSON: every result field, in this (published) order
 FEATURE_ORDER = (
     "window_ns", "iterations", "step_ns", "compute_ns", "gemm_ns", "comm_ns", "exposed_comm_ns",

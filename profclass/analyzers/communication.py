@@ -14,15 +14,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import pandas as pd
+
 from .. import intervals as iv
-from ..kernels import COLLECTIVE_GROUP, COLLECTIVE_TYPES
+from ..kernels import COLLECTIVE_TYPES
 from ..timeline import GpuTimeline, comm_kernels
+from . import comm_groups
 from .job import Job, evidence_row, mean_per_step_ms
 from .sets import WindowSets, clipped_set
 
 EP_COLLECTIVES = ("all_to_all",)
 DP_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
-DP_EXPOSED_MIN = 0.02  # exposed DP collectives above this share of the step are worth overlapping
+# exposed DP / TP / EP collectives above this share of the step are worth a fix
+DP_EXPOSED_MIN = 0.02
 COMM_WAIT_MIN = 0.05  # waiting for peers above this share of the step, with no straggler
 
 
@@ -70,25 +74,21 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> CommResult:
     return r
 
 
-def _match(gpus: list[GpuTimeline], ctype: str) -> tuple[np.ndarray, np.ndarray]:
-    """Start/end matrices [instance, gpu] of one collective type, matched by order.
+def _match(seqs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Start/end matrices [instance, member] of one collective type on one group's members,
+    matched by order.
 
-    Every rank runs the same program, so the k-th collective of a type on one rank is the
-    k-th on every other (per type). When counts differ (a capture that started mid-step),
-    the sequences are aligned at their ends by nearest end time to the shortest one.
+    Every member runs the same program, so the k-th collective of a type on one member is the
+    k-th on every other. When counts differ (a capture that started mid-step), the sequences
+    are aligned at their ends by nearest end time to the shortest one.
     """
-    seqs = []
-    for g in gpus:
-        k = comm_kernels(g)
-        k = k[k["collective"] == ctype]
-        seqs.append((k["start"].to_numpy(), k["end"].to_numpy()))
     n = min(len(s[0]) for s in seqs)
     if n == 0:
-        return np.empty((0, len(gpus)), np.int64), np.empty((0, len(gpus)), np.int64)
+        return np.empty((0, len(seqs)), np.int64), np.empty((0, len(seqs)), np.int64)
     shortest = min(range(len(seqs)), key=lambda i: len(seqs[i][0]))
     ref_end = seqs[shortest][1]
-    S = np.empty((n, len(gpus)), np.int64)
-    E = np.empty((n, len(gpus)), np.int64)
+    S = np.empty((n, len(seqs)), np.int64)
+    E = np.empty((n, len(seqs)), np.int64)
     for j, (s, e) in enumerate(seqs):
         if len(s) == n:
             S[:, j], E[:, j] = s, e
@@ -100,56 +100,107 @@ def _match(gpus: list[GpuTimeline], ctype: str) -> tuple[np.ndarray, np.ndarray]
     return S, E
 
 
+def grouped_kernels(job: Job) -> list[pd.DataFrame]:
+    """Each GPU's communication kernels with their ``group`` and ``group_source``
+    (``comm_groups``); sets ``job.comm_members`` (group -> member lists)."""
+    kernels = [comm_kernels(r.gpu).reset_index(drop=True) for r in job.records]
+    ranks = [r.gpu.rank for r in job.records]
+    assigned = comm_groups.assign(kernels, ranks, job.layout, [r.iterations for r in job.records])
+    out = []
+    for k, (group, source, _) in zip(kernels, assigned):
+        out.append(k.assign(group=group, group_source=source))
+    job.members = [a[2] for a in assigned]
+    job.comm_kernels = out
+    return out
+
+
 def analyse_ranks(job: Job) -> CommAnalysis:
-    """Match collectives across ranks; sets each record's ``comm`` (wait vs transfer)."""
+    """Match collectives across the members of their group; sets each record's ``comm``
+    (wait vs transfer). PP send/recv is not matched: its peers are other stages running a
+    different schedule, and its waiting is the pipeline bubble (``pipeline_bubbles``)."""
     gpus = [r.gpu for r in job.records]
-    compute_sets = [g.compute for g in gpus]  # compute kernels over the whole capture
-    iterations = [r.iterations for r in job.records]
+    kernels = grouped_kernels(job)
     ranks = [RankComm() for _ in gpus]
     for rec, rc in zip(job.records, ranks):
         rec.comm = rc
-    if len(gpus) < 2:
-        return CommAnalysis(ranks, _single_rows(gpus, compute_sets, iterations), 0)
+    ctx = (gpus, [g.compute for g in gpus], [r.iterations for r in job.records], ranks)
     rows, matched = [], 0
-    types = sorted(set().union(*[set(comm_kernels(g)["collective"]) for g in gpus]))
-    for ctype in types:
-        S, E = _match(gpus, ctype)
-        if S.size == 0:
-            continue
-        row = _match_row(ctype, S, E, gpus, compute_sets, iterations, ranks)
-        matched += len(S)
+    pairs = sorted({(str(c), str(g)) for k in kernels for c, g in zip(k["collective"], k["group"])})
+    for ctype, group in pairs:
+        subs = [k[(k["collective"] == ctype) & (k["group"] == group)] for k in kernels]
+        row = _new_row(ctype, group, subs, job.members)
+        for members in _instances(group, ctype, job, len(gpus)):
+            S, E = _match([(subs[j]["start"].to_numpy(), subs[j]["end"].to_numpy()) for j in members]) \
+                if len(members) > 1 else _unmatched(subs[members[0]])
+            matched += len(S) if len(members) > 1 else 0
+            _add_instances(row, ctype, S, E, members, ctx)
         rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
     return CommAnalysis(ranks, rows, matched)
 
 
-def _match_row(ctype, S, E, gpus, compute_sets, iterations, ranks) -> dict:
-    """One collective type's job row (ms per step); adds its wait/transfer/blame to ``ranks``."""
+def _instances(group: str, ctype: str, job: Job, n: int) -> list[list[int]]:
+    """Record indices of each instance of a group seen in this job (one list per instance);
+    PP send/recv: each rank alone; no group or no layout: all ranks together."""
+    if (group == "PP" and ctype == "all_to_all") or n < 2:
+        return [[j] for j in range(n)]
+    by_rank = {r.gpu.rank: j for j, r in enumerate(job.records)}
+    seen, out = set(), []
+    for j, members in enumerate(job.members):
+        ranks = members.get(group)
+        if not ranks:
+            return [list(range(n))]
+        idx = tuple(by_rank[m] for m in ranks if m in by_rank)
+        if idx not in seen:
+            seen.add(idx)
+            out.append(list(idx))
+    return out
+
+
+def _unmatched(sub: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """One rank's kernels as a one-member match (no peer to wait for: all transfer)."""
+    return sub["start"].to_numpy()[:, None], sub["end"].to_numpy()[:, None]
+
+
+def _new_row(ctype: str, group: str, subs: list[pd.DataFrame], members: list[dict]) -> dict:
+    sources = pd.concat([s["group_source"] for s in subs]).value_counts()
+    member_sets = sorted({tuple(m[group]) for m in members if m.get(group)})
+    return dict(collective=ctype, group=group, group_source=str(sources.index[0]) if len(sources) else None,
+                members=[list(m) for m in member_sets] or None, instances=0,
+                transfer_ms_per_step=0.0, wait_ms_per_step=0.0, exposed_transfer_ms_per_step=0.0,
+                exposed_wait_ms_per_step=0.0, overlapped_ms_per_step=0.0)
+
+
+def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx) -> None:
+    """One group instance's matched collectives: their ms per step (a mean over all GPUs of
+    the job) into ``row``, wait/transfer/blame into each member's ``RankComm``."""
+    gpus, compute_sets, iterations, ranks = ctx
+    if S.size == 0:
+        return
     last = S.max(axis=1)
     wait = np.clip(np.minimum(last[:, None], E) - S, 0, None)
     blame_each = last - np.median(S, axis=1)
     who = S.argmax(axis=1)
-    row = dict(collective=ctype, group=COLLECTIVE_GROUP.get(ctype, "other"), instances=0,
-               transfer_ms_per_step=0.0, wait_ms_per_step=0.0, exposed_transfer_ms_per_step=0.0,
-               exposed_wait_ms_per_step=0.0, overlapped_ms_per_step=0.0)
     n = len(gpus)
-    for j, g in enumerate(gpus):
-        lo, hi = g.window
-        inside = (S[:, j] >= lo) & (S[:, j] < hi)
+    for col, j in enumerate(members):
+        lo, hi = gpus[j].window
+        inside = (S[:, col] >= lo) & (S[:, col] < hi)
         if not inside.any():
             continue
-        s, e, w = S[inside, j], E[inside, j], wait[inside, j]
+        s, e, w = S[inside, col], E[inside, col], wait[inside, col]
         covered = iv.measure_within(compute_sets[j], s, e)
         covered_wait = iv.measure_within(compute_sets[j], s, s + w)
         t = (e - s) - w
-        exposed_wait = (w - covered_wait).sum()
-        exposed_transfer = (t - (covered - covered_wait)).clip(min=0).sum()
+        exposed_wait = int((w - covered_wait).sum())
+        exposed_transfer = int((t - (covered - covered_wait)).clip(min=0).sum())
         rc = ranks[j]
         rc.wait_ns += int(w.sum())
         rc.transfer_ns += int(t.sum())
-        rc.exposed_wait_ns += int(exposed_wait)
-        rc.exposed_transfer_ns += int(exposed_transfer)
-        rc.by_type[ctype] = dict(wait_ns=int(w.sum()), transfer_ns=int(t.sum()),
-                                 exposed_wait_ns=int(exposed_wait), exposed_transfer_ns=int(exposed_transfer))
+        rc.exposed_wait_ns += exposed_wait
+        rc.exposed_transfer_ns += exposed_transfer
+        prev = rc.by_type.get(ctype, dict(wait_ns=0, transfer_ns=0, exposed_wait_ns=0, exposed_transfer_ns=0))
+        rc.by_type[ctype] = dict(wait_ns=prev["wait_ns"] + int(w.sum()), transfer_ns=prev["transfer_ns"] + int(t.sum()),
+                                 exposed_wait_ns=prev["exposed_wait_ns"] + exposed_wait,
+                                 exposed_transfer_ns=prev["exposed_transfer_ns"] + exposed_transfer)
         its = max(iterations[j], 1)
         row["instances"] = max(row["instances"], int(inside.sum()))
         row["transfer_ms_per_step"] += t.sum() / its / n / 1e6
@@ -158,28 +209,7 @@ def _match_row(ctype, S, E, gpus, compute_sets, iterations, ranks) -> dict:
         row["exposed_transfer_ms_per_step"] += exposed_transfer / its / n / 1e6
         row["overlapped_ms_per_step"] += covered.sum() / its / n / 1e6
         # blame only instances inside this rank's window, counted once (by the blamed rank)
-        rc.blame_ns += int(blame_each[inside & (who == j)].sum())
-    return row
-
-
-def _single_rows(gpus, compute_sets, iterations) -> list[dict]:
-    """One rank: no peers to wait for, everything inside a collective counts as transfer."""
-    rows = []
-    for j, g in enumerate(gpus):
-        k = comm_kernels(g)
-        lo, hi = g.window
-        k = k[(k["start"] >= lo) & (k["start"] < hi)]
-        for ctype, sub in k.groupby("collective", observed=True):
-            s, e = sub["start"].to_numpy(), sub["end"].to_numpy()
-            cov = iv.measure_within(compute_sets[j], s, e)
-            its = max(iterations[j], 1)
-            rows.append(dict(collective=ctype, group=COLLECTIVE_GROUP.get(ctype, "other"),
-                             instances=len(sub), transfer_ms_per_step=round((e - s).sum() / its / 1e6, 3),
-                             wait_ms_per_step=0.0,
-                             exposed_transfer_ms_per_step=round(((e - s) - cov).sum() / its / 1e6, 3),
-                             exposed_wait_ms_per_step=0.0,
-                             overlapped_ms_per_step=round(cov.sum() / its / 1e6, 3)))
-    return rows
+        rc.blame_ns += int(blame_each[inside & (who == col)].sum())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,7 +221,7 @@ GAINS = {
     # EP overlap hides the all-to-all behind other compute: at most the smaller of the two
     "exposed_ep_transfer_hideable": lambda n: min(n["exposed_ep_ms"], n["compute_ms"]),
     "exposed_dp": lambda n: n["exposed_dp_ms"],
-    "exposed_tp": lambda n: 0.0,
+    "exposed_tp": lambda n: n["exposed_tp_ms"],
     "exposed_comm_wait": lambda n: n["comm_wait_ms"],
 }
 
@@ -212,10 +242,32 @@ def exposed_ms(job: Job, types: tuple[str, ...], transfer_only: bool) -> float:
     return float(np.mean(vals)) / 1e6 if vals else 0.0
 
 
+def group_share(job: Job, groups: tuple[str, ...], types: tuple[str, ...]) -> float:
+    """The share of these collectives' exposed time (matched rows) that belongs to ``groups``:
+    per-type exposed time is measured per GPU, its group split from the ``collectives`` rows."""
+    rows = [c for c in job.comm.collectives if c["collective"] in types]
+    total = sum(c["exposed_transfer_ms_per_step"] + c["exposed_wait_ms_per_step"] for c in rows)
+    if not total:
+        return 1.0 if any(c["group"] in groups for c in rows) else 0.0
+    return sum(c["exposed_transfer_ms_per_step"] + c["exposed_wait_ms_per_step"]
+               for c in rows if c["group"] in groups) / total
+
+
+def by_group(job: Job) -> dict[str, float]:
+    """``walls.communication.by_group``: exposed ms per step of each group's collectives."""
+    out: dict[str, float] = {}
+    for c in job.comm.collectives:
+        out[c["group"]] = out.get(c["group"], 0.0) + c["exposed_transfer_ms_per_step"] + c["exposed_wait_ms_per_step"]
+    return {g: round(v, 3) for g, v in sorted(out.items())}
+
+
 def numbers(job: Job) -> dict:
     comm_wait_ms = float(np.mean([r.comm.exposed_wait_ns / r.iterations for r in job.records])) / 1e6
-    return dict(comm_wait_ms=comm_wait_ms, exposed_ep_ms=exposed_ms(job, EP_COLLECTIVES, True),
-                exposed_dp_ms=exposed_ms(job, DP_COLLECTIVES, False))
+    tp_types = DP_COLLECTIVES + ("broadcast", "reduce")
+    return dict(comm_wait_ms=comm_wait_ms,
+                exposed_ep_ms=exposed_ms(job, EP_COLLECTIVES, True) * group_share(job, ("EP",), EP_COLLECTIVES),
+                exposed_dp_ms=exposed_ms(job, DP_COLLECTIVES, False) * group_share(job, ("DP", "EDP"), DP_COLLECTIVES),
+                exposed_tp_ms=exposed_ms(job, tp_types, False) * group_share(job, ("TP", "ETP"), tp_types))
 
 
 def facts(job: Job, numbers: dict) -> dict:
@@ -223,7 +275,9 @@ def facts(job: Job, numbers: dict) -> dict:
         dp_comm_exposed=numbers["exposed_dp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
         comm_wait_dominant=bool(not job.stragglers and numbers["comm_wait_ms"] > numbers["exposed_ep_ms"]
                                 and numbers["comm_wait_ms"] >= COMM_WAIT_MIN * job.step_ms),
-        tp_comm_exposed=False)
+        tp_comm_exposed=numbers["exposed_tp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
+        # EP fixes need expert parallelism and all-to-all time that compute does not hide
+        ep_comm_exposed=numbers["exposed_ep_ms"] >= DP_EXPOSED_MIN * job.step_ms)
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:

@@ -35,6 +35,10 @@ class Job:
     walls_ns: dict[str, float] = field(default_factory=dict)  # job ns per step per wall
     step_ns: float = 0.0  # mean steady step over GPUs
     cfg: dict = field(default_factory=dict)
+    layout: Any = None  # layout.Layout: sizes and group membership (before the cross-rank analyzers)
+    members: list = field(default_factory=list)  # per GPU: group -> member ranks (comm_groups)
+    comm_kernels: list = field(default_factory=list)  # per GPU: its NCCL kernels with their group
+    pipeline: Any = None  # pipeline_bubbles.PipelineResult
 
     @property
     def step_ms(self) -> float:

@@ -49,12 +49,29 @@ def straggler_rows(job: Job, blamed: list[dict], late_walls: list[tuple[str, flo
     rows = []
     for s, (wall, excess) in zip(blamed, late_walls):
         g = job.records[s["gpu"]].gpu
-        rows.append(dict(pid=g.pid, device=g.device, rank=g.rank, reason=REASON_OF_WALL[wall],
+        rows.append(dict(pid=g.pid, device=g.device, rank=g.rank, reason=_reason(job, s["gpu"], wall),
                          detail=_detail(job, s["gpu"], wall, excess),
                          cost_ms_per_step=s["blame_ms_per_step"],
                          others_wait_ms_per_step=s["others_wait_ms_per_step"],
                          blame_share=s["blame_share"]))
     return rows
+
+
+def _reason(job: Job, j: int, wall: str) -> str:
+    """The wall's reason; a compute straggler is an expert *routing* imbalance only where
+    experts are split over ranks (EP > 1, or EP unknown) and most of its extra compute is
+    GEMMs (the experts' work), else a slower rank ("compute": a different stage, a slower GPU)."""
+    reason = REASON_OF_WALL[wall]
+    if reason != "imbalance":
+        return reason
+    ep = job.layout.size("ep") if job.layout is not None else None
+    me, others = job.records[j], [r for k, r in enumerate(job.records) if k != j]
+    extra = me.analysis.compute.compute_ns / me.iterations - \
+        float(np.median([r.analysis.compute.compute_ns / r.iterations for r in others]))
+    extra_gemm = me.analysis.compute.gemm_ns / me.iterations - \
+        float(np.median([r.analysis.compute.gemm_ns / r.iterations for r in others]))
+    in_gemms = extra <= 0 or extra_gemm >= 0.5 * extra
+    return "imbalance" if (ep is None or ep > 1) and in_gemms else "compute"
 
 
 def _detail(job: Job, j: int, wall: str, excess: float) -> str:

@@ -1,0 +1,97 @@
+"""Which parallel group (TP, CP, EP, ETP, DP, EDP, PP or other) each NCCL kernel belongs to.
+
+The evidence, strongest first:
+
+1. *Cross-rank end times.* The kernels of one collective instance finish together on all its
+   members (each waits for the last byte); kernels of the same type on ranks outside the group
+   finish together only by chance. For each (rank, stream, collective) bucket of kernels, each
+   candidate group scores the median over the bucket of the largest gap between a kernel's
+   end and the nearest end of a same-type kernel on each other member; the smallest wins.
+   Streams split the buckets because ProcessGroupNCCL runs each communicator on its own
+   (pooled, so possibly shared) stream.
+2. *The layout alone*, where only one candidate group has more than one member, or on a
+   single rank (no peers): SendRecv is PP when EP = 1 and EP when PP = 1; with both, the
+   stream carrying most SendRecv kernels per step is EP (one all-to-all per MoE layer and
+   micro-batch against PP's few per micro-batch), a guess.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..kernels import COLLECTIVE_GROUP
+from .layout import Layout
+
+# which groups each collective type can run on, when its size is over 1
+CANDIDATES = {"all_to_all": ("EP", "PP"), "all_gather": ("TP", "CP", "DP", "EDP", "ETP", "EP"),
+              "reduce_scatter": ("TP", "CP", "DP", "EDP", "ETP", "EP"),
+              "all_reduce": ("TP", "DP", "CP", "EDP", "ETP", "EP", "PP"),
+              # MoE token all-gather-v / reduce-scatter-v under TP run as NCCL broadcast / reduce
+              "broadcast": ("TP", "ETP", "EP", "DP"), "reduce": ("TP", "ETP", "EP", "DP")}
+
+
+def _candidates(ctype: str, groups: dict[str, list[int]], layout: Layout) -> list[str] | None:
+    if not groups and (ctype != "all_to_all" or not any(layout.size(x) for x in ("pp", "ep"))):
+        return None  # no membership: only SendRecv can be split, by the PP and EP sizes
+    sizes = {g: len(m) for g, m in groups.items()} if groups else \
+        {g: layout.size(g.lower()) for g in ("TP", "CP", "DP", "EDP", "ETP", "EP", "PP")}
+    return [g for g in CANDIDATES.get(ctype, ()) if (sizes.get(g) or 1) > 1]
+
+
+def _end_gap(own_end: np.ndarray, peer_ends: np.ndarray) -> np.ndarray:
+    """For each own end, the distance to the nearest peer end (inf when the peer has none)."""
+    if len(peer_ends) == 0:
+        return np.full(len(own_end), np.inf)
+    idx = np.clip(np.searchsorted(peer_ends, own_end), 1, len(peer_ends)) - 1
+    nxt = np.clip(idx + 1, 0, len(peer_ends) - 1)
+    return np.minimum(np.abs(peer_ends[idx] - own_end), np.abs(peer_ends[nxt] - own_end))
+
+
+def _score(ends: np.ndarray, members: list[int], me: int, ends_by_rank: dict, ctype: str) -> float:
+    gaps = [_end_gap(ends, ends_by_rank.get((m, ctype), np.empty(0))) for m in members if m != me]
+    return float(np.median(np.max(gaps, axis=0))) if gaps else np.inf
+
+
+def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterations: list[int]) -> list[tuple]:
+    """Per GPU, (group per kernel as an array, source per kernel, members per group)."""
+    ends_by_rank = {}
+    for k, r in zip(kernels, ranks):
+        for ctype, sub in k.groupby("collective", observed=True):
+            ends_by_rank[(r, str(ctype))] = np.sort(sub["end"].to_numpy())
+    multi = len(kernels) > 1
+    out = []
+    for k, r, its in zip(kernels, ranks, iterations):
+        groups = layout.groups_of(r)
+        group = np.full(len(k), "other", dtype=object)
+        source = np.full(len(k), "no layout", dtype=object)
+        keys = k["stream"].astype("int64").astype(str) + "|" + k["collective"].astype(str) \
+            if "stream" in k else k["collective"].astype(str)
+        for key, idx in pd.Series(range(len(k))).groupby(keys.to_numpy()).groups.items():
+            ctype = str(key).split("|")[-1]
+            cands = _candidates(ctype, groups, layout)
+            g, src = _decide(k.iloc[idx], ctype, cands, groups, r, ends_by_rank, multi, k, its)
+            group[idx], source[idx] = g, src
+        out.append((group, source, groups))
+    return out
+
+
+def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, its) -> tuple[str, str]:
+    if cands is None:  # no (complete) layout: the collective's usual group in an EP job
+        return COLLECTIVE_GROUP.get(ctype, "other"), "collective type (no layout: a guess)"
+    if not cands:
+        return "other", "layout: no group of this collective has more than one rank"
+    if len(cands) == 1:
+        return cands[0], "layout"
+    if multi and groups:
+        ends = bucket["end"].to_numpy()
+        scores = {g: _score(ends, groups[g], rank, ends_by_rank, ctype) for g in cands}
+        best = min(scores, key=scores.get)
+        if np.isfinite(scores[best]):
+            return best, "cross-rank end times"
+    if ctype == "all_to_all":  # a single rank with both PP and EP: the busier stream is EP
+        per_stream = all_k[all_k["collective"] == ctype].groupby("stream").size()
+        busiest = per_stream.idxmax() if len(per_stream) else None
+        if "stream" in bucket and len(per_stream) > 1:
+            return ("EP" if bucket["stream"].iloc[0] == busiest else "PP"), "stream kernel count (guess)"
+        return "EP", "layout (guess: PP p2p and EP all-to-all share one stream)"
+    return cands[0], "layout (guess: the first candidate group)"

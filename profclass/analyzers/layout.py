@@ -1,0 +1,163 @@
+"""Analyzer: the job's parallel layout (TP, CP, EP, ETP, DP, EDP, PP sizes) and the member
+ranks of each group.
+
+Sizes come from the captured command line: Megatron-LM flags (``--tensor-model-parallel-size``)
+or Megatron-Bridge Hydra overrides (``model.tensor_model_parallel_size=2``). Where neither is
+captured (or reading it is turned off, ``PROFCLASS_IGNORE_COMMAND_LINE=1``), the PP and EP
+sizes are inferred from who exchanges SendRecv traffic with whom (``layout_infer``).
+
+Group membership follows Megatron-Core's ``parallel_state``: dense ranks are ordered
+``tp-cp-ep-dp-pp`` (TP fastest; EP is 1 in the dense generator), expert ranks ``tp-ep-dp-pp``
+with ETP, EP and the expert DP (EDP = world / (ETP * EP * PP)) and CP = 1.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SIZES = ("tp", "cp", "pp", "vpp", "ep", "etp", "dp", "edp", "microbatches")
+# Megatron-LM flag and Megatron-Bridge override (model./train. key) of each size
+FLAGS = {"tp": "--tensor-model-parallel-size", "cp": "--context-parallel-size",
+         "pp": "--pipeline-model-parallel-size", "vpp": "--virtual-pipeline-model-parallel-size",
+         "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
+         "microbatches": "--num-microbatches"}
+OVERRIDES = {"tp": "tensor_model_parallel_size", "cp": "context_parallel_size",
+             "pp": "pipeline_model_parallel_size", "vpp": "virtual_pipeline_model_parallel_size",
+             "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size"}
+OVERRIDE = re.compile(r"^\+{0,2}(?:model|train)\.(\w+)=(\S+)$")
+# dense and expert rank orders of parallel_state (fastest first)
+DENSE_ORDER = ("tp", "cp", "dp", "pp")
+EXPERT_ORDER = ("etp", "ep", "edp", "pp")
+GROUP_AXES = {"TP": ("dense", "tp"), "CP": ("dense", "cp"), "DP": ("dense", "dp"), "PP": ("dense", "pp"),
+              "EP": ("expert", "ep"), "ETP": ("expert", "etp"), "EDP": ("expert", "edp")}
+
+
+@dataclass
+class Layout:
+    world: int | None = None
+    sizes: dict = field(default_factory=dict)  # size name -> int or None (unknown)
+    source: dict = field(default_factory=dict)  # size name -> "command line" | "bridge overrides" | "inferred" | None
+
+    def size(self, name: str) -> int | None:
+        return self.sizes.get(name)
+
+    def complete(self) -> bool:
+        """Every group size needed for membership is known and they multiply to the world."""
+        s = self.sizes
+        need = ("tp", "cp", "pp", "dp", "ep", "etp", "edp")
+        return bool(self.world) and all(s.get(k) for k in need) and \
+            s["tp"] * s["cp"] * s["pp"] * s["dp"] == self.world == s["etp"] * s["ep"] * s["edp"] * s["pp"]
+
+    def groups_of(self, rank: int) -> dict[str, list[int]]:
+        """Each group's member ranks for one global rank (empty when the layout is incomplete)."""
+        if not self.complete() or rank is None or not 0 <= rank < self.world:
+            return {}
+        return {name: _members(self.sizes, rank, *axes) for name, axes in GROUP_AXES.items()}
+
+    def to_dict(self) -> dict:
+        return dict(world=self.world, sizes={k: self.sizes.get(k) for k in SIZES},
+                    source={k: self.source.get(k) for k in SIZES},
+                    order="tp-cp-ep-dp-pp", expert_order="tp-ep-dp-pp (ETP, EP, EDP)")
+
+
+def _members(sizes: dict, rank: int, generator: str, axis: str) -> list[int]:
+    """Ranks sharing every coordinate of ``rank`` but ``axis`` (parallel_state's masked groups)."""
+    order = DENSE_ORDER if generator == "dense" else EXPERT_ORDER
+    shape = [sizes[a] for a in reversed(order)]  # C order: slowest axis first
+    grid = np.arange(int(np.prod(shape))).reshape(shape)
+    coord = list(np.unravel_index(rank, shape))
+    coord[list(reversed(order)).index(axis)] = slice(None)
+    return [int(r) for r in grid[tuple(coord)]]
+
+
+def _int(v) -> int | None:
+    try:
+        return int(str(v))
+    except ValueError:
+        return None
+
+
+def read_command_line(flags: dict, command: list[str]) -> tuple[dict, dict]:
+    """Sizes found on the command line: Megatron-LM flags, then Bridge overrides."""
+    sizes, source = {}, {}
+    for name, flag in FLAGS.items():
+        if isinstance(flags.get(flag), str) and _int(flags[flag]):
+            sizes[name], source[name] = _int(flags[flag]), "command line"
+    per_stage = _int(flags.get("--num-layers-per-virtual-pipeline-stage", "") or "")
+    layers, pp = _int(flags.get("--num-layers", "") or ""), sizes.get("pp")
+    if "vpp" not in sizes and per_stage and layers and pp:
+        sizes["vpp"], source["vpp"] = layers // (pp * per_stage), "command line"
+    overrides = {m.group(1): m.group(2) for m in map(OVERRIDE.match, command) if m}
+    for name, key in OVERRIDES.items():
+        if name not in sizes and _int(overrides.get(key, "")):
+            sizes[name], source[name] = _int(overrides[key]), "bridge overrides"
+    for key, flag in (("micro_batch_size", "--micro-batch-size"), ("global_batch_size", "--global-batch-size")):
+        v = _int(overrides.get(key, "")) or _int(flags.get(flag, "") or "")
+        if v:
+            sizes[key] = v
+    return sizes, source
+
+
+def world_size(flags: dict, env: dict, n_gpus: int) -> int | None:
+    """The job's world size: the captured WORLD_SIZE, else torchrun's ``--nproc-per-node`` x
+    ``--nnodes``, else the GPUs seen (only right when every rank is in the profile)."""
+    if _int(env.get("WORLD_SIZE", "") or ""):
+        return _int(env["WORLD_SIZE"])
+    nproc, nnodes = _int(flags.get("--nproc-per-node", flags.get("--nproc_per_node", "")) or ""), \
+        _int(flags.get("--nnodes", "1") or "1")
+    if nproc:
+        return nproc * (nnodes or 1)
+    return n_gpus
+
+
+def build(flags: dict, command: list[str], env: dict, n_gpus: int) -> Layout:
+    """The layout from the command line, completed by Megatron's defaults and derived sizes.
+    Unknown sizes stay None; ``PROFCLASS_IGNORE_COMMAND_LINE=1`` ignores the command line and
+    environment (the inference path)."""
+    if os.environ.get("PROFCLASS_IGNORE_COMMAND_LINE") == "1":
+        flags, command, env = {}, [], {}
+    sizes, source = read_command_line(flags, command)
+    layout = Layout(world_size(flags, env, n_gpus), sizes, source)
+    fill(layout)
+    return layout
+
+
+def fill(layout: Layout) -> None:
+    """Megatron's defaults and derived sizes: TP/CP/PP/EP/VPP default to 1 when the sizes came
+    from a command line (Megatron's own defaults), ETP to TP, DP and EDP from the world, micro-
+    batches from global / (micro x DP)."""
+    s, src = layout.sizes, layout.source
+    origin = next((v for v in src.values() if v in ("command line", "bridge overrides")), None)
+    for name in ("tp", "cp", "pp", "vpp", "ep"):
+        if s.get(name) is None and origin:
+            s[name], src[name] = 1, origin
+    if s.get("etp") is None and s.get("tp"):
+        s["etp"], src["etp"] = s["tp"], src.get("tp")
+    w = layout.world
+    if w and all(s.get(k) for k in ("tp", "cp", "pp")) and w % (s["tp"] * s["cp"] * s["pp"]) == 0:
+        s["dp"], src["dp"] = w // (s["tp"] * s["cp"] * s["pp"]), src.get("pp")
+    if w and all(s.get(k) for k in ("etp", "ep", "pp")) and w % (s["etp"] * s["ep"] * s["pp"]) == 0:
+        s["edp"], src["edp"] = w // (s["etp"] * s["ep"] * s["pp"]), src.get("ep")
+    mbs, gbs = s.pop("micro_batch_size", None), s.pop("global_batch_size", None)
+    s.pop("num_layers", None)
+    if s.get("microbatches") is None and mbs and gbs and s.get("dp"):
+        s["microbatches"], src["microbatches"] = gbs // (mbs * s["dp"]), src.get("dp")
+    for k in SIZES:
+        s.setdefault(k, None)
+        src.setdefault(k, None)
+
+
+def missing(job) -> list[str]:
+    """What the layout could not see: sizes nobody gave, ranks outside the profile."""
+    lay, out = job.layout, []
+    unknown = [k for k in ("tp", "pp", "ep", "dp") if lay.size(k) is None]
+    if unknown:
+        out.append(f"parallel layout: {', '.join(unknown).upper()} size unknown (no Megatron flags or Bridge "
+                   "overrides captured); collectives are grouped by their type")
+    if lay.world and len(job.records) < lay.world:
+        out.append(f"ranks {len(job.records)} of {lay.world}: waiting, stragglers, the pipeline bubble and stage "
+                   "balance need every rank's profile (or one per PP stage)")
+    return out

@@ -1,0 +1,134 @@
+"""Analyzer: the pipeline (PP) bubble and stage imbalance.
+
+A pipeline stage is busy when it computes or runs its own non-PP communication (TP, EP, DP
+...). The rest of its step it is either blocked in a PP send/recv waiting for a neighbour
+stage (its bubble, the PP part of the communication wall: ``|PP send/recv - busy|`` over the
+steady window, per step) or idle with nothing launched (a host gap: the host wall's, not the
+pipeline's). The job's bubble is the mean over stages. Megatron posts each receive before
+the stage would idle, so a stage waiting for its neighbour sits inside a PP kernel. 1F1B theory (Megatron, Narayanan et al. 2021) puts it at
+``(p - 1) / (v * m + p - 1)`` of the step for p stages, v virtual stages and m micro-batches
+when the stages are balanced.
+
+A stage busier than the mean keeps every other stage waiting: the slowest stage's extra
+busy time is the *stage imbalance*. On the first or last stage it is the embedding or the
+output layer and loss that the layer split did not account for.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .. import intervals as iv
+from .job import Job, evidence_row
+
+# stage imbalance below this share of the step is run-to-run noise (captures of one config
+# differ by 5-10% of the step: fixtures/corpus.toml); above it, it is named
+IMBALANCE_MIN = 0.05
+
+
+@dataclass
+class PipelineResult:
+    stages: int | None = None
+    virtual_stages: int | None = None
+    microbatches: int | None = None
+    bubble_ms_per_step: float | None = None
+    bubble_share: float | None = None
+    theory_share: float | None = None
+    slowest_stage: int | None = None
+    stage_imbalance_ms: float | None = None
+    imbalance_at_end_stage: bool = False  # the slowest stage is the first or the last
+    per_stage: list = field(default_factory=list)  # {stage, rank, busy_ms, bubble_ms, idle_ms}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _stage_of(job: Job, j: int) -> int | None:
+    pp = job.members[j].get("PP") if job.members else None
+    return pp.index(job.records[j].gpu.rank) if pp else None
+
+
+def _per_rank(job: Job, j: int) -> dict:
+    rec, k = job.records[j], job.comm_kernels[j]
+    lo, hi = rec.gpu.window
+    is_pp = (k["group"] == "PP").to_numpy()
+    others = iv.union(k["start"].to_numpy()[~is_pp], k["end"].to_numpy()[~is_pp])
+    compute = rec.gpu.compute
+    busy = iv.clip(iv.union(np.r_[compute[0], others[0]], np.r_[compute[1], others[1]]), lo, hi)
+    pp = iv.clip(iv.union(k["start"].to_numpy()[is_pp], k["end"].to_numpy()[is_pp]), lo, hi)
+    its = rec.iterations
+    blocked = iv.total(iv.subtract(pp, busy))
+    return dict(stage=_stage_of(job, j), rank=rec.gpu.rank, busy_ms=round(iv.total(busy) / its / 1e6, 3),
+                bubble_ms=round(blocked / its / 1e6, 3),
+                idle_ms=round(((hi - lo) - iv.total(busy) - blocked) / its / 1e6, 3))
+
+
+def measure(job: Job) -> PipelineResult:
+    """The pipeline section; empty (stages None or 1) without pipeline parallelism."""
+    lay = job.layout
+    p = lay.size("pp") if lay else None
+    r = PipelineResult(stages=p, virtual_stages=lay.size("vpp") if lay else None,
+                       microbatches=lay.size("microbatches") if lay else None)
+    if r.stages and r.virtual_stages and r.microbatches and r.stages > 1:
+        r.theory_share = round((p - 1) / (r.virtual_stages * r.microbatches + p - 1), 4)
+    if not p or p < 2 or not job.comm_kernels:
+        return r
+    rows = [_per_rank(job, j) for j in range(len(job.records))]
+    step = float(np.mean([rec.analysis.window.window_ns / rec.iterations for rec in job.records])) / 1e6
+    r.per_stage = sorted(rows, key=lambda x: (x["stage"] is None, x["stage"], x["rank"]))
+    r.bubble_ms_per_step = round(float(np.mean([x["bubble_ms"] for x in rows])), 3)
+    r.bubble_share = round(r.bubble_ms_per_step / step, 4) if step else None
+    busy = {}
+    for x in rows:  # a stage's busy time: the mean over its ranks (TP/DP/EP replicas)
+        busy.setdefault(x["stage"], []).append(x["busy_ms"])
+    stage_busy = {s: float(np.mean(v)) for s, v in busy.items()}
+    if len(stage_busy) > 1 and None not in stage_busy:
+        r.slowest_stage = max(stage_busy, key=stage_busy.get)
+        r.stage_imbalance_ms = round(stage_busy[r.slowest_stage] - float(np.mean(list(stage_busy.values()))), 3)
+        r.imbalance_at_end_stage = r.slowest_stage in (0, p - 1)
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+# job level
+
+GAINS = {
+    # more micro-batches / interleaving shrink the bubble toward its theory share; the measured
+    # bubble above theory is imbalance, which a better layer split removes
+    "pp_bubble": lambda n: n["pp_bubble_ms"],
+    "pp_stage_imbalance": lambda n: n["stage_imbalance_ms"],
+}
+
+
+def numbers(job: Job) -> dict:
+    r = job.pipeline
+    return dict(pp_bubble_ms=(r.bubble_ms_per_step or 0.0) if r else 0.0,
+                pp_stages=r.stages if r else None, pp_virtual_stages=r.virtual_stages if r else None,
+                pp_microbatches=r.microbatches if r else None,
+                exposed_pp_ms=(r.bubble_ms_per_step or 0.0) if r else 0.0,
+                stage_imbalance_ms=(r.stage_imbalance_ms or 0.0) if r else 0.0)
+
+
+def facts(job: Job, numbers: dict) -> dict:
+    r, step = job.pipeline, job.step_ms
+    has_pp = bool(r and r.stages and r.stages > 1)
+    imbalanced = has_pp and numbers["stage_imbalance_ms"] >= IMBALANCE_MIN * step
+    return dict(pp=has_pp, pp_interleaved=bool(has_pp and (r.virtual_stages or 1) > 1),
+                pp_bubble_exposed=has_pp and numbers["pp_bubble_ms"] >= IMBALANCE_MIN * step,
+                pp_stage_imbalance=bool(imbalanced and r.imbalance_at_end_stage))
+
+
+def evidence(job: Job, numbers: dict) -> list[dict]:
+    r = job.pipeline
+    if not r or not r.stages or r.stages < 2 or r.bubble_ms_per_step is None:
+        return []
+    theory = f"theory {100 * r.theory_share:.0f}%" if r.theory_share is not None else "theory unknown"
+    ev = [evidence_row("communication", "pipeline bubble", r.bubble_ms_per_step, "ms/step",
+                       f"{r.stages} stages x {r.virtual_stages} virtual, {r.microbatches} micro-batches: "
+                       f"{100 * (r.bubble_share or 0):.0f}% of the step idle or in PP send/recv ({theory})")]
+    if r.slowest_stage is not None:
+        where = "first/last stage: embedding or output layer + loss" if r.imbalance_at_end_stage else "a middle stage"
+        ev.append(evidence_row("communication", "pipeline stage imbalance", r.stage_imbalance_ms, "ms/step",
+                               f"stage {r.slowest_stage} busiest ({where}); the others wait for it"))
+    return ev

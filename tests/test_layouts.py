@@ -1,0 +1,126 @@
+"""Parallel layouts on the real Megatron-Core captures (fixtures/corpus.toml ``parallel``):
+the communicator group of each collective, the pipeline, layout-aware advice."""
+from __future__ import annotations
+
+import pytest
+from conftest import CORPUS
+
+from profclass.analyzers.layout import Layout, build
+
+PARALLEL = {p["name"]: p["parallel"] for p in CORPUS["profile"] if "parallel" in p}
+
+
+def rows(d, collective=None, group=None):
+    return [c for c in d.collectives if (collective is None or c["collective"] == collective)
+            and (group is None or c["group"] == group)]
+
+
+def test_membership_follows_parallel_state():
+    # parallel_state's docstring example shape: tp=2, dp=2, pp=2 on 8 ranks (order tp-cp-ep-dp-pp)
+    lay = Layout(8, dict(tp=2, cp=1, pp=2, dp=2, ep=2, etp=1, edp=2), {})
+    g = lay.groups_of(5)
+    assert g["TP"] == [4, 5] and g["DP"] == [5, 7] and g["PP"] == [1, 5]
+    assert g["EP"] == [4, 5] and g["EDP"] == [5, 7]  # expert order etp-ep-edp-pp
+
+
+def test_bridge_overrides_and_megatron_flags():
+    bridge = build({}, ["model.pipeline_model_parallel_size=2", "model.expert_model_parallel_size=2",
+                        "train.micro_batch_size=2", "train.global_batch_size=16"], {"WORLD_SIZE": "4"}, 1)
+    assert bridge.sizes["pp"] == 2 and bridge.sizes["ep"] == 2 and bridge.sizes["dp"] == 2
+    assert bridge.sizes["microbatches"] == 4 and bridge.source["pp"] == "bridge overrides"
+    lm = build({"--pipeline-model-parallel-size": "4", "--num-layers": "8",
+                "--num-layers-per-virtual-pipeline-stage": "1"}, [], {}, 4)
+    assert lm.sizes["vpp"] == 2 and lm.sizes["dp"] == 1 and lm.source["pp"] == "command line"
+
+
+@pytest.mark.parametrize("name", ["mcore_pp4_m4", "mcore_pp4_m8", "mcore_pp4_vpp2_m8", "mcore_pp2_ep2_m4",
+                                  "mcore_pp2_ep2_vpp2_m4", "mcore_tp2sp_ep2"])
+def test_layout_and_stages_match_the_construction(name, diagnosis):
+    d, par = diagnosis(name), PARALLEL[name]
+    for k in ("tp", "pp", "ep", "dp"):
+        assert d.layout["sizes"][k] == par[k], k
+    assert d.pipeline["stages"] == par["pp"]
+    assert d.pipeline["virtual_stages"] == par["vpp"]
+
+
+@pytest.mark.parametrize("name", ["mcore_pp4_m4", "mcore_pp4_m8", "mcore_pp4_m4_perrank"])
+def test_pp_only_job_has_pp_sendrecv_and_no_ep_advice(name, diagnosis):
+    d = diagnosis(name)
+    assert rows(d, "all_to_all") and all(c["group"] == "PP" for c in rows(d, "all_to_all"))
+    assert not [f for f in d.fixes if f["id"].startswith("ep_")]
+    assert not [s for s in d.stragglers if s["reason"] == "imbalance"]
+    assert "PP" in d.walls["communication"]["by_group"]
+
+
+@pytest.mark.parametrize("name", ["mcore_pp4_m4", "mcore_pp4_m8"])
+def test_balanced_1f1b_bubble_near_theory(name, diagnosis):
+    p = diagnosis(name).pipeline
+    # stages balanced: imbalance under 5% of the step (checked, not assumed)
+    assert p["stage_imbalance_ms"] < 0.05 * p["bubble_ms_per_step"] / p["bubble_share"]
+    assert abs(p["bubble_share"] - p["theory_share"]) <= 0.10
+
+
+@pytest.mark.parametrize("name", ["mcore_pp2_ep2_m4", "mcore_pp2_ep2_vpp2_m4"])
+def test_pp_and_ep_sendrecv_are_split(name, diagnosis):
+    d = diagnosis(name)
+    pp, ep = rows(d, "all_to_all", "PP"), rows(d, "all_to_all", "EP")
+    assert pp and ep
+    assert pp[0]["members"] == [[0, 2], [1, 3]] and ep[0]["members"] == [[0, 1], [2, 3]]
+    assert pp[0]["group_source"] == ep[0]["group_source"] == "cross-rank end times"
+
+
+def test_tp_traffic_is_never_dp(diagnosis):
+    d = diagnosis("mcore_tp2sp_ep2")
+    tp_types = ("all_gather", "reduce_scatter", "broadcast", "reduce")
+    assert not [c for c in d.collectives if c["collective"] in tp_types and c["group"] in ("DP", "EDP")]
+    assert all(c["members"] == [[0, 1], [2, 3]] for c in rows(d, group="TP"))
+    assert rows(d, "all_to_all", "EP")[0]["members"] == [[0, 2], [1, 3]]
+    assert rows(d, "broadcast", "TP") and rows(d, "reduce", "TP")  # MoE token all-gather-v / reduce-scatter-v
+
+
+def test_one_job_one_answer(diagnosis):
+    # the cause of the old split answer: PP send/recv matched by order across stages with
+    # different kernel counts invented waiting and blamed rank 3 (straggler, host wall)
+    one, per_rank = diagnosis("mcore_pp4_m4"), diagnosis("mcore_pp4_m4_perrank")
+    assert one.verdict["wall"] == per_rank.verdict["wall"] == "communication"
+    assert not one.stragglers and not per_rank.stragglers
+
+
+@pytest.mark.xfail(strict=True, reason="rank 2's periodicity window in the per-rank capture holds 36 ms of "
+                   "compute per step against 53 on every other rank (iterations.py, the trust issue): "
+                   "communication 44% vs 49%")
+def test_one_job_shares_within_5_points(diagnosis):
+    one, per_rank = diagnosis("mcore_pp4_m4"), diagnosis("mcore_pp4_m4_perrank")
+    for w in one.walls:
+        assert abs(one.walls[w]["share"] - per_rank.walls[w]["share"]) <= 0.05, w
+
+
+def test_single_rank_of_a_bigger_job_says_what_it_misses(diagnosis):
+    d = diagnosis("mcore_bridge_pp2_ep2")
+    assert d.layout["sizes"]["pp"] == 2 and d.layout["source"]["pp"] == "bridge overrides"
+    assert d.layout["world"] == 4 and d.pipeline["stages"] == 2
+    assert any("ranks 1 of 4" in m for m in d.missing)
+    assert rows(d, "all_to_all", "PP") and rows(d, "all_to_all", "EP")
+
+
+@pytest.mark.parametrize("name", ["mcore_pp4_m4", "mcore_pp4_vpp2_m8", "mcore_pp2_ep2_m4", "mcore_pp2_ep2_vpp2_m4",
+                                  "mcore_tp2sp_ep2", "mcore_ep4_base"])
+def test_inference_without_the_command_line_recovers_pp_and_ep(name, monkeypatch):
+    from conftest import profile_path
+
+    from profclass import diagnose
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
+    d, par = diagnose(profile_path(name)), PARALLEL[name]
+    assert (d.layout["sizes"]["pp"], d.layout["sizes"]["ep"]) == (par["pp"], par["ep"])
+    assert d.layout["source"]["pp"] == d.layout["source"]["ep"] == "inferred"
+    if par["pp"] == 4:  # world = PP: TP, CP, DP all forced to 1, the whole layout recovered
+        assert all(d.layout["sizes"][k] == par[k] for k in ("tp", "dp"))
+        assert rows(d, "all_to_all", "PP")[0]["members"] == [[0, 1, 2, 3]]
+    if par["pp"] > 1 and par["ep"] > 1:
+        assert rows(d, "all_to_all", "PP") and rows(d, "all_to_all", "EP")
+
+
+def test_command_line_can_be_ignored(monkeypatch):
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
+    lay = build({"--pipeline-model-parallel-size": "4"}, [], {"WORLD_SIZE": "4"}, 4)
+    assert lay.sizes["pp"] is None and lay.source["pp"] is None
