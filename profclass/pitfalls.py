@@ -88,7 +88,8 @@ def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scop
         if cost == "recompute_ms":
             ms = cost_numbers.get("recompute_ms", 0.0)
         elif cost and cost_numbers:
-            ms = max(0.0, float(GAINS[cost](cost_numbers)))
+            g = GAINS[cost]({**cost_numbers, "step_ms": step_ms})
+            ms = None if g is None else max(0.0, g.estimate_ms)
         else:
             ms = None
         out.append({"rule": rule["id"], "title": rule["title"], "message": rule["message"], "fix": rule["fix"],

@@ -12,6 +12,7 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
+from .gainmodel import Gain, gain, removed, share_of
 from .idle import OFFLOAD_MIN_BYTES
 from .job import Job, evidence_row, mean_per_step_ms
 from .sets import WindowSets, clipped_set
@@ -82,14 +83,48 @@ def _footprint(gpu, prof) -> tuple[int | None, int | None]:
 # ---------------------------------------------------------------------------------------------
 # job level
 
-# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+# gain models (ms per step) from the job numbers; see docs/fixes.md
+def _recompute_kernels_ms(n: dict) -> float:
+    """Recompute kernel time: the memory analyzer's measured value where it has one, else the
+    forward/backward-ratio estimate."""
+    measured = n.get("recompute_measured_ms")
+    return float(measured if measured is not None else n["recompute_ms"])
+
+
+def _rerun_forward(model: str, kernels_ms: float, n: dict, what: str) -> Gain:
+    """A recomputed forward re-runs kernels *and* their launches, dispatch all-to-alls and
+    waits: it costs the step what the rest of the step costs per ms of compute
+    (x step/compute). Low: the kernels alone; the range is symmetric about the estimate."""
+    scale = n["step_ms"] / n["compute_ms"] if n["compute_ms"] else 1.0
+    est = kernels_ms * scale
+    return gain(model, est, kernels_ms, 2 * est - kernels_ms, kernels_ms,
+                f"{what} {kernels_ms:.1f} ms/step of kernels x step/compute {scale:.2f}")
+
+
 GAINS = {
-    "recompute_minus_selective": lambda n: max(0.0, n["recompute_ms"] - n["selective_keep_ms"]),
-    "offload": lambda n: n["offload_ms"],
-    "memory_all": lambda n: n["memory_ms"],
+    "recompute_off": lambda n: _rerun_forward("recompute_off", _recompute_kernels_ms(n), n, "recompute"),
+    "recompute_minus_selective": lambda n: _rerun_forward(
+        "recompute_minus_selective", max(0.0, _recompute_kernels_ms(n) - n["selective_keep_ms"]), n,
+        "recompute beyond what selective keeps"),
+    "offload": lambda n: removed("offload", n["offload_ms"], "exposed offload copies"),
+    "memory_all": lambda n: removed("memory_all", n["memory_ms"], "memory wall"),
     # halving the footprint can remove at most about half of what fitting costs
-    "memory_half": lambda n: n["memory_ms"] / 2.0,
+    "memory_half": lambda n: share_of("memory_half", n["memory_ms"], 0.5, 0.0, 1.0, "memory wall"),
+    "pp_double_stages": lambda n: _double_stages(n),
 }
+
+
+def _double_stages(n: dict) -> Gain | None:
+    """Twice the pipeline stages halve each GPU's share of the model (half the memory wall) but
+    lengthen the bubble from (p-1)/(m+p-1) to (2p-1)/(m+2p-1) of the compute; unpriced without
+    the pipeline numbers (docs/fixes.md)."""
+    p, m = n.get("pp_stages"), n.get("pp_microbatches")
+    if not p or not m:
+        return None
+    added = n["compute_ms"] * ((2 * p - 1) / (m + 2 * p - 1) - (p - 1) / (m + p - 1))
+    half = 0.5 * n["memory_ms"]
+    return gain("pp_double_stages", half - added, -added, n["memory_ms"] - added, n["memory_ms"],
+                f"half the memory wall {half:.1f} minus the longer bubble {added:.1f} ms/step (PP {p}->{2 * p}, {m} micro-batches)")
 
 def peak_share(job: Job) -> float | None:
     """The largest peak footprint over GPUs as a share of its card; None when unknown."""
