@@ -197,15 +197,19 @@ SLOW_OVER_NVLINK = 50.0 / 450.0
 
 
 def _dp_overlap(n: dict) -> Gain:
-    t, backward = n["exposed_dp_transfer_ms"], BACKWARD_SHARE * n["compute_ms"]
-    hideable = min(t, backward)
+    """Each layer's gradients reduce while the layers after them in backward compute: the
+    reductions start once the first layer's backward is done (B/L) and the last-ready layer's
+    (T/L) runs after backward, so exposed = max(T - B(L-1)/L, T/L) (L layers; unknown: no tail)."""
+    t, backward, layers = n["exposed_dp_transfer_ms"], BACKWARD_SHARE * n["compute_ms"], n["num_layers"]
+    tail, under = (t / layers, backward * (layers - 1) / layers) if layers else (0.0, backward)
+    hideable = min(t - tail, under)
     est = hideable - n["dp_reductions_per_step"] * NCCL_LAUNCH_MS
     # range: overlap can cost (NCCL's SMs are taken from the backward it runs under), and the
     # reduction is a job-wide sync point, so overlap can also free rank skew paid in waits
     return gain("dp_overlap", est, -NCCL_SM_SHARE * hideable, n["exposed_dp_ms"] + n["comm_wait_ms"],
                 n["exposed_dp_ms"],
-                f"exposed DP transfer {t:.1f} hideable under backward compute {backward:.1f} ms/step, "
-                f"minus {n['dp_reductions_per_step']:.0f} launches x {NCCL_LAUNCH_MS} ms")
+                f"exposed DP transfer {t:.1f} less the last layer's {tail:.1f}, hideable under the backward "
+                f"compute after the first layer's {under:.1f} ms/step, minus {n['dp_reductions_per_step']:.0f} launches x {NCCL_LAUNCH_MS} ms")
 
 
 def _fabric(n: dict) -> Gain:
@@ -255,11 +259,13 @@ def numbers(job: Job) -> dict:
     comm_wait_ms = float(np.mean([r.comm.exposed_wait_ns / r.iterations for r in job.records])) / 1e6
     dp_calls = sum(c["instances"] for c in job.comm.collectives if c["collective"] in DP_COLLECTIVES)
     slow = str(job.cfg.get("NCCL_P2P_DISABLE", {}).get("value", "")) == "1"
+    flags = job.cfg.get("command_line_flags", {}).get("value", {})
+    layers = next((int(flags[f]) for f in ("--num-layers", "--layers") if str(flags.get(f, "")).isdigit()), None)
     return dict(comm_wait_ms=comm_wait_ms, exposed_ep_ms=exposed_ms(job, EP_COLLECTIVES, True),
                 exposed_dp_ms=exposed_ms(job, DP_COLLECTIVES, False),
                 exposed_dp_transfer_ms=exposed_ms(job, DP_COLLECTIVES, True),
                 dp_reductions_per_step=dp_calls / float(np.median([r.iterations for r in job.records])),
-                slow_fabric=slow)
+                slow_fabric=slow, num_layers=layers)
 
 
 def facts(job: Job, numbers: dict) -> dict:

@@ -81,7 +81,9 @@ def _balance(n: dict) -> Gain:
     """Routing balance spreads the straggler's excess E over all n ranks: the others each waited
     E (the sum of waits is (n-1)E), the step shrinks by E - E/n = sum/n."""
     w, k = n["straggler_wait_ms"], max(n["gpus"], 2)
-    return gain("straggler_balance", w / k, w / (2 * k), w / (k - 1), w,
+    # low: half, or nothing where the profile calls the straggler host-bound (routing may not be why)
+    low = w / (2 * k) if n["straggler_reason"] == "imbalance" else 0.0
+    return gain("straggler_balance", w / k, low, w / (k - 1), w,
                 f"others' summed wait {w:.1f} ms/step / {k} ranks (the excess spread over all)")
 
 
@@ -95,7 +97,8 @@ def _host(n: dict) -> Gain:
 GAINS = {"straggler_balance": _balance, "straggler_host": _host}
 
 def numbers(job: Job) -> dict:
-    return dict(straggler_wait_ms=sum(s["others_wait_ms_per_step"] for s in job.stragglers), gpus=len(job.records))
+    return dict(straggler_wait_ms=sum(s["others_wait_ms_per_step"] for s in job.stragglers), gpus=len(job.records),
+                straggler_reason=job.stragglers[0]["reason"] if job.stragglers else None)
 
 
 def facts(job: Job, numbers: dict) -> dict:
