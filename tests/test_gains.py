@@ -1,0 +1,123 @@
+"""Predicted gains against before/after runs (issue 15): the validated-gains table of
+docs/fixes.md recomputed from the committed profiles, and the gain models on known numbers."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from conftest import ROOT
+from profclass.analyzers import GAINS
+from profclass.fixes import load_table, predict
+
+spec = importlib.util.spec_from_file_location("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
+gain_pairs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gain_pairs)
+PP_KEYS = ("pp_bubble_ms", "pp_stages")
+
+
+@pytest.fixture(scope="module")
+def rows(diagnosis):
+    return gain_pairs.rows(diagnosis)
+
+
+def test_docs_table_is_the_one_the_profiles_give(rows):
+    assert gain_pairs.table(rows) in (ROOT / "docs" / "fixes.md").read_text(), \
+        "docs/fixes.md is out of date: python fixtures/gain_pairs.py"
+
+
+def test_pairs_name_real_fixes_and_profiles():
+    c = gain_pairs.corpus()
+    names, fixes = {p["name"] for p in c["profile"]}, {f["id"] for f in load_table()}
+    assert len(c["gain_pair"]) >= 5
+    assert len({p["fix"] for p in c["gain_pair"]}) >= 5, "at least five different fixes"
+    for p in c["gain_pair"]:
+        assert {p["base"], p["candidate"]} <= names and p["fix"] in fixes
+        assert p["realized"] in ("step", "per_microbatch")
+
+
+def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows, diagnosis):
+    """Where a model misses the target, docs/fixes.md says why and its range covers the
+    realized gain; a pair goes unpriced only for want of the layout analyzer's numbers."""
+    doc = (ROOT / "docs" / "fixes.md").read_text().split("**Why the misses.**")[1]
+    for r in rows:
+        p = r["pair"]
+        if r["pred"]["expected_gain_ms"] is None:
+            assert not all(k in diagnosis(p["base"]).numbers for k in PP_KEYS), p
+            continue
+        if not r["ok"]:
+            assert r["covered"], f"{p['base']}: realized {r['realized']:.1f} outside the predicted range"
+            assert f"`{p['base']}`" in doc, f"{p['base']}: the miss is not explained"
+
+
+def test_priced_pairs_meet_the_target_where_captures_are_consistent(rows):
+    """Of the priced pairs, every miss is one docs/fixes.md attributes to the capture or to a
+    host-bound straggler; today 4 of the 7 priced pairs meet the target."""
+    priced = [r for r in rows if r["pred"]["expected_gain_ms"] is not None]
+    assert sum(r["ok"] for r in priced) >= 4
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met: 3 pipeline pairs "
+                   "are unpriced until the layout numbers merge, 3 misses explained in docs/fixes.md")
+def test_issue_target_80_percent_of_pairs(rows):
+    assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
+
+
+def _numbers(**over) -> dict:
+    base = dict(step_ms=100.0, compute_ms=60.0, gemm_ms=30.0, sm_busy=1.0, fusible_ms=10.0, comm_wait_ms=0.0,
+                exposed_ep_ms=0.0, exposed_dp_ms=0.0, exposed_dp_transfer_ms=0.0, dp_reductions_per_step=0.0,
+                slow_fabric=False, num_layers=None, straggler_wait_ms=0.0, gpus=4, straggler_reason=None,
+                idle_sync_ms=0.0, idle_launch_ms=0.0, idle_alloc_ms=0.0, gc_ms=0.0, host_ms=0.0,
+                host_rank_ms=None, recompute_ms=0.0, selective_keep_ms=0.0, offload_ms=0.0, memory_ms=0.0)
+    return {**base, **over}
+
+
+def test_pipeline_models_price_only_with_the_layout_numbers():
+    assert GAINS["pp_interleave"](_numbers()) is None
+    n = _numbers(pp_bubble_ms=30.0, pp_stages=4, pp_virtual_stages=1, stage_imbalance_ms=10.0, exposed_pp_ms=4.0)
+    g = GAINS["pp_interleave"](n)
+    assert g.estimate_ms == pytest.approx((30 - 10) / 2 - 4)  # half the schedule bubble less the added p2p
+    assert g.low_ms == pytest.approx(2.0) and g.high_ms == pytest.approx(15.0) and g.ceiling_ms == 30.0
+    # p2p and imbalance outweighing half the bubble: interleaving predicts a loss
+    assert GAINS["pp_interleave"]({**n, "exposed_pp_ms": 15.0}).estimate_ms < 0
+    assert GAINS["pp_more_microbatches"](n).estimate_ms == pytest.approx(10.0)
+
+
+def test_dp_overlap_pipelines_reductions_behind_backward():
+    # T = 30 ms of exposed reduction, backward 40 ms, 4 layers: starts after 10 ms of backward,
+    # the last layer's 7.5 ms runs after it: exposed max(30 - 30, 7.5) = 7.5, gain 22.5
+    n = _numbers(compute_ms=60.0, exposed_dp_transfer_ms=30.0, exposed_dp_ms=32.0, num_layers=4,
+                 dp_reductions_per_step=2.0)
+    g = GAINS["dp_overlap"](n)
+    assert g.estimate_ms == pytest.approx(22.5 - 2 * 0.02)
+    assert g.low_ms < 0  # overlap can cost: NCCL's SMs come from the backward
+    # more reduction than backward to hide it under: bounded by the backward after the first layer
+    assert GAINS["dp_overlap"]({**n, "exposed_dp_transfer_ms": 80.0}).estimate_ms == pytest.approx(30 - 0.04)
+
+
+def test_straggler_models_spread_or_remove_the_lateness():
+    n = _numbers(straggler_wait_ms=90.0, gpus=4, straggler_reason="imbalance")
+    assert GAINS["straggler_balance"](n).estimate_ms == pytest.approx(22.5)  # 3 x 30 waited, spread over 4
+    assert GAINS["straggler_host"](n).estimate_ms == pytest.approx(30.0)
+    assert GAINS["straggler_balance"]({**n, "straggler_reason": "host"}).low_ms == 0.0
+
+
+def test_recompute_scales_with_what_a_forward_costs_the_step():
+    n = _numbers(recompute_ms=20.0, compute_ms=50.0, step_ms=100.0)
+    assert GAINS["recompute_off"](n).estimate_ms == pytest.approx(40.0)
+    # the memory analyzer's measured recompute time wins over the ratio estimate
+    assert GAINS["recompute_off"]({**n, "recompute_measured_ms": 10.0}).estimate_ms == pytest.approx(20.0)
+
+
+def test_unpriced_fix_is_null_never_zero():
+    fix = next(f for f in load_table() if f["id"] == "host_cpu_affinity")
+    out = predict(fix, _numbers(), 100.0)
+    assert out["expected_gain_ms"] is None and out["gain_high_ms"] is None and "not priced" in out["gain_basis"]
+    ranked = predict(fix, _numbers(host_rank_ms=[10.0, 12.0, 11.0, 20.0]), 100.0)
+    assert ranked["expected_gain_ms"] == pytest.approx(20.0 - 11.5) and ranked["gain_high_ms"] == 10.0
+
+
+def test_every_model_in_the_tables_exists():
+    for f in load_table():
+        if f.get("gain"):
+            assert f["gain"] in GAINS, f["id"]
