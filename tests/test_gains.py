@@ -8,6 +8,7 @@ import pytest
 
 from conftest import ROOT
 from profclass.analyzers import GAINS
+from profclass.diff import diff, render_text
 from profclass.fixes import load_table, predict
 
 spec = importlib.util.spec_from_file_location("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
@@ -121,3 +122,32 @@ def test_every_model_in_the_tables_exists():
     for f in load_table():
         if f.get("gain"):
             assert f["gain"] in GAINS, f["id"]
+
+
+@pytest.mark.parametrize("pair", gain_pairs.corpus()["gain_pair"], ids=lambda p: f"{p['base']}->{p['candidate']}")
+def test_diff_states_the_predicted_gain_of_the_fix_the_pair_applies(pair, diagnosis):
+    b, c = diagnosis(pair["base"]), diagnosis(pair["candidate"])
+    r = diff(b, c)
+    row = next((f for f in r.fix_gains if f["fix"] == pair["fix"]), None)
+    assert row is not None, f"diff did not recognise {pair['fix']} in {[f['fix'] for f in r.fix_gains]}"
+    want = predict(next(f for f in load_table() if f["id"] == pair["fix"]), b.numbers, b.window["step_ms"]["mean"])
+    assert row["predicted_gain_ms"] == want["expected_gain_ms"]
+    scale = 2.0 if pair["realized"] == "per_microbatch" else 1.0
+    assert row["realized_gain_ms"] == pytest.approx(r.step["base_ms"] - r.step["candidate_ms"] / scale, abs=0.01)
+    assert (row["realized_per"] == "base work") == (scale != 1.0)
+    assert f"Known fix: {row['title']}" in render_text(r, width=400)
+
+
+def test_diff_of_a_run_against_itself_names_no_fix(diagnosis):
+    d = diagnosis("mcore_ep4_base")
+    assert diff(d, d).fix_gains == []
+
+
+def test_diff_reads_the_prediction_of_a_saved_base(diagnosis, tmp_path):
+    b, c = diagnosis("mcore_ep4_unbalanced"), diagnosis("mcore_ep4_base")
+    saved = tmp_path / "base.json"
+    saved.write_text(b.to_json())
+    row = next(f for f in diff(str(saved), c).fix_gains if f["fix"] == "ep_balance_routing")
+    stored = next((f for f in b.fixes if f["id"] == "ep_balance_routing"), None)
+    # a stored diagnosis carries only the fixes it listed: their prediction, else unknown (null)
+    assert row["predicted_gain_ms"] == (stored["expected_gain_ms"] if stored else None)

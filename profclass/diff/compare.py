@@ -11,6 +11,7 @@ from ..classify import WALLS
 from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
 from ..pipeline import Diagnosis, _jsonable
+from .fix_gains import fix_gains
 from .saved import as_diagnosis
 from .stats import ALPHA, MIN_EFFECT, step_test
 
@@ -39,6 +40,7 @@ class DiffResult:
     config_changes: list[dict]
     notes: list[str] = field(default_factory=list)
     pitfalls: list[dict] = field(default_factory=list)  # rules with scope "diff" (data/rules.toml)
+    fix_gains: list[dict] = field(default_factory=list)  # known fixes applied: predicted vs realized
 
     def to_dict(self) -> dict:
         return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
@@ -285,7 +287,8 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
         verdict=_verdict(step, significant, change, walls_delta, components, kernels),
         walls=walls, walls_delta_ms=walls_delta, components=components, kernels=kernels,
         appeared=appeared, vanished=vanished, communication=_communication(b, c),
-        config_changes=_config_changes(b, c), notes=notes, pitfalls=_pair_pitfalls(b, c, mb))
+        config_changes=_config_changes(b, c), notes=notes, pitfalls=_pair_pitfalls(b, c, mb),
+        fix_gains=fix_gains(b, c, mb, mc))
 
 
 def _pair_pitfalls(b: Diagnosis, c: Diagnosis, step_ms: float) -> list[dict]:
