@@ -69,7 +69,7 @@ def _numbers(**over) -> dict:
                 exposed_ep_ms=0.0, exposed_dp_ms=0.0, exposed_dp_transfer_ms=0.0, dp_reductions_per_step=0.0,
                 slow_fabric=False, num_layers=None, straggler_wait_ms=0.0, gpus=4, straggler_reason=None,
                 idle_sync_ms=0.0, idle_launch_ms=0.0, idle_alloc_ms=0.0, gc_ms=0.0, host_ms=0.0,
-                host_rank_ms=None, recompute_ms=0.0, selective_keep_ms=0.0, offload_ms=0.0, memory_ms=0.0)
+                host_rank_ms=None, pp_from_flags=1, recompute_ms=0.0, selective_keep_ms=0.0, offload_ms=0.0, memory_ms=0.0)
     return {**base, **over}
 
 
@@ -116,6 +116,8 @@ def test_unpriced_fix_is_null_never_zero():
     assert out["expected_gain_ms"] is None and out["gain_high_ms"] is None and "not priced" in out["gain_basis"]
     ranked = predict(fix, _numbers(host_rank_ms=[10.0, 12.0, 11.0, 20.0]), 100.0)
     assert ranked["expected_gain_ms"] == pytest.approx(20.0 - 11.5) and ranked["gain_high_ms"] == 10.0
+    # pipeline stages do different host work by design: their spread is not misplacement
+    assert predict(fix, _numbers(host_rank_ms=[10.0, 20.0], pp_from_flags=4), 100.0)["expected_gain_ms"] is None
 
 
 def test_every_model_in_the_tables_exists():

@@ -46,9 +46,9 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
 
 # fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
 def _host_spread(n: dict) -> Gain | None:
-    """Pinning brings the worst-placed rank's host time to the median rank's; a lone rank
-    shows no spread, so it is not priced."""
-    if n["host_rank_ms"] is None:
+    """Pinning brings the worst-placed rank's host time to the median rank's. Not priced for a
+    lone rank (no spread to see) nor a pipelined job (stages do different work by design)."""
+    if n["host_rank_ms"] is None or (n.get("pp_stages") or n["pp_from_flags"]) > 1:
         return None
     ranks = n["host_rank_ms"]
     spread, full = max(ranks) - float(np.median(ranks)), max(ranks) - min(ranks)
@@ -61,8 +61,9 @@ GAINS = {"gc": lambda n: removed("gc", min(n["gc_ms"], n["host_ms"]), "garbage-c
 
 def numbers(job: Job) -> dict:
     ranks = [r.walls_ns.get("host", 0) / r.iterations / 1e6 for r in job.records]
+    pp = str((job.cfg.get("command_line_flags") or {}).get("value", {}).get("--pipeline-model-parallel-size", "1"))
     return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns), host_ms=job.walls_ns["host"] / 1e6,
-                host_rank_ms=ranks if len(ranks) > 1 else None)
+                host_rank_ms=ranks if len(ranks) > 1 else None, pp_from_flags=int(pp) if pp.isdigit() else 1)
 
 
 def facts(job: Job, numbers: dict) -> dict:
