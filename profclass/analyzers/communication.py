@@ -209,14 +209,15 @@ def _dp_overlap(n: dict) -> Gain:
     return gain("dp_overlap", est, -NCCL_SM_SHARE * hideable, n["exposed_dp_ms"] + n["comm_wait_ms"],
                 n["exposed_dp_ms"],
                 f"exposed DP transfer {t:.1f} less the last layer's {tail:.1f}, hideable under the backward "
-                f"compute after the first layer's {under:.1f} ms/step, minus {n['dp_reductions_per_step']:.0f} launches x {NCCL_LAUNCH_MS} ms")
+                f"compute after the first layer's {under:.1f} ms/step, minus "
+                f"{n['dp_reductions_per_step']:.0f} launches x {NCCL_LAUNCH_MS} ms")
 
 
 def _fabric(n: dict) -> Gain:
     t = n["exposed_ep_ms"] + n["exposed_dp_transfer_ms"]
     if not n["slow_fabric"]:
         return gain("fabric_ratio", 0.0, 0.0, n["exposed_ep_ms"], n["exposed_ep_ms"],
-                    "no slow path in evidence (no NCCL_P2P_DISABLE, one node): the traffic is already on NVLink")
+                    "no slow path in evidence (NCCL_P2P_DISABLE not set): the traffic already takes NVLink")
     # low 0: in a host-bound step a faster transfer only lengthens the wait for the next launch
     return gain("fabric_ratio", t * (1 - SLOW_OVER_NVLINK), 0.0, t, t,
                 f"exposed transfer {t:.1f} ms/step x (1 - {SLOW_OVER_NVLINK:.2f} slow/NVLink bandwidth)")

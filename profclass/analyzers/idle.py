@@ -116,7 +116,7 @@ def _ended_within(sorted_ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np
 # ---------------------------------------------------------------------------------------------
 # job level
 
-# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+# gain models (ms per step) from the job numbers; see docs/fixes.md
 def _bigger_microbatch(n: dict) -> Gain:
     """Twice the micro-batch: half the launches per sample (half the launch-late idle per unit
     of work) and kernels whose grids left SMs unfilled fill them; per the base step's work."""
