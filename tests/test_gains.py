@@ -75,13 +75,20 @@ def _numbers(**over) -> dict:
 
 def test_pipeline_models_price_only_with_the_layout_numbers():
     assert GAINS["pp_interleave"](_numbers()) is None
-    n = _numbers(pp_bubble_ms=30.0, pp_stages=4, pp_virtual_stages=1, stage_imbalance_ms=10.0, exposed_pp_ms=4.0)
+    # not pipelined (the layout analyzer reports a 0 bubble and one stage): no price either
+    assert GAINS["pp_interleave"](_numbers(pp_bubble_ms=0.0, pp_stages=1, pp_microbatches=4)) is None
+    # p=4, m=4, v=1, step 100: theory bubble 3/7 -> 42.9 ms of the measured 60; imbalance 10;
+    # the p2p part 7.1. VPP 2 takes the schedule part to 3/11 of the step (saves 15.6) and
+    # doubles the p2p part: 15.6 - 7.1
+    n = _numbers(pp_bubble_ms=60.0, pp_stages=4, pp_virtual_stages=1, pp_microbatches=4, stage_imbalance_ms=10.0)
     g = GAINS["pp_interleave"](n)
-    assert g.estimate_ms == pytest.approx((30 - 10) / 2 - 4)  # half the schedule bubble less the added p2p
-    assert g.low_ms == pytest.approx(2.0) and g.high_ms == pytest.approx(15.0) and g.ceiling_ms == 30.0
-    # p2p and imbalance outweighing half the bubble: interleaving predicts a loss
-    assert GAINS["pp_interleave"]({**n, "exposed_pp_ms": 15.0}).estimate_ms < 0
-    assert GAINS["pp_more_microbatches"](n).estimate_ms == pytest.approx(10.0)
+    schedule, p2p = 300 / 7, 60 - 300 / 7 - 10
+    saved = schedule * (1 - (3 / 11) / (3 / 7))
+    assert g.estimate_ms == pytest.approx(saved - p2p)
+    assert g.low_ms == pytest.approx(saved - 2 * p2p) and g.high_ms == pytest.approx(saved) and g.ceiling_ms == 60.0
+    # a large p2p part outweighs what interleaving saves: it predicts a loss
+    assert GAINS["pp_interleave"]({**n, "pp_bubble_ms": 90.0, "stage_imbalance_ms": 0.0}).estimate_ms < 0
+    assert GAINS["pp_more_microbatches"](n).estimate_ms == pytest.approx(schedule / 2)
 
 
 def test_dp_overlap_pipelines_reductions_behind_backward():

@@ -19,7 +19,7 @@ from ..kernels import COLLECTIVE_GROUP, COLLECTIVE_TYPES
 from ..timeline import GpuTimeline, comm_kernels
 from .gainmodel import Gain, gain, share_of
 from .job import Job, evidence_row, mean_per_step_ms
-from .pipeline_gains import PP_GAINS
+from .pipeline_gains import PP_GAINS, pipelined
 from .sets import WindowSets, clipped_set
 
 EP_COLLECTIVES = ("all_to_all",)
@@ -274,7 +274,7 @@ def facts(job: Job, numbers: dict) -> dict:
         dp_comm_exposed=numbers["exposed_dp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
         comm_wait_dominant=bool(not job.stragglers and numbers["comm_wait_ms"] > numbers["exposed_ep_ms"]
                                 and numbers["comm_wait_ms"] >= COMM_WAIT_MIN * job.step_ms),
-        tp_comm_exposed=False, pp_bubble_known=numbers.get("pp_bubble_ms") is not None)
+        tp_comm_exposed=False, pp_bubble_known=pipelined(numbers))
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
