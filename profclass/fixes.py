@@ -33,9 +33,10 @@ def predict(fix: dict, numbers: dict, step_ms: float) -> dict:
     """One fix's predicted gain (ms per step) from its model (``gain`` in the table), as the
     JSON fields; every number None when the profile does not show what the model needs."""
     from .analyzers import GAINS  # each analyzer prices the fixes of what it measures (numpy, pandas)
+    from .analyzers.gainmodel import as_gain
 
     model = fix.get("gain", "")
-    g = GAINS[model]({**numbers, "step_ms": step_ms}) if model else None
+    g = as_gain(model, GAINS[model]({**numbers, "step_ms": step_ms})) if model else None
     if g is None:
         return dict(expected_gain_ms=None, expected_gain_pct=None, gain_low_ms=None, gain_high_ms=None,
                     gain_ceiling_ms=None, gain_model=model,

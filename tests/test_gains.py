@@ -160,3 +160,11 @@ def test_diff_reads_the_prediction_of_a_saved_base(diagnosis, tmp_path):
     stored = next((f for f in b.fixes if f["id"] == "ep_balance_routing"), None)
     # a stored diagnosis carries only the fixes it listed: their prediction, else unknown (null)
     assert row["predicted_gain_ms"] == (stored["expected_gain_ms"] if stored else None)
+
+
+def test_a_plain_number_is_a_ceiling_claimed_as_such():
+    from profclass.analyzers.gainmodel import as_gain
+
+    g = as_gain("some_time", 12.0)
+    assert (g.estimate_ms, g.low_ms, g.high_ms, g.ceiling_ms) == (12.0, 0.0, 12.0, 12.0)
+    assert g.basis.startswith("some_time: ceiling only") and as_gain("x", None) is None

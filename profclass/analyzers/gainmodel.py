@@ -38,3 +38,12 @@ def share_of(model: str, ceiling: float, share: float, low_share: float, high_sh
     """A fix that removes a share of a measured time (shares stated in docs/fixes.md)."""
     return gain(model, ceiling * share, ceiling * low_share, ceiling * high_share, ceiling,
                 f"{share:.2f} x {what} {ceiling:.1f} ms/step (range {low_share:.2f}-{high_share:.2f} x)")
+
+
+def as_gain(model: str, value) -> Gain | None:
+    """A ``GAINS`` result as a ``Gain``: a plain number (a model that only knows the time it
+    targets) becomes that ceiling, claimed as such; None stays unpriced."""
+    if value is None or isinstance(value, Gain):
+        return value
+    v = float(value)
+    return gain(model, v, 0.0, v, v, f"ceiling only, no model yet: the whole targeted time {v:.1f} ms/step")
