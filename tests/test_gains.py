@@ -86,9 +86,13 @@ def test_pipeline_models_price_only_with_the_layout_numbers():
     saved = schedule * (1 - (3 / 11) / (3 / 7))
     assert g.estimate_ms == pytest.approx(saved - p2p)
     assert g.low_ms == pytest.approx(saved - 2 * p2p) and g.high_ms == pytest.approx(saved) and g.ceiling_ms == 60.0
+    # a launch-bound job: the doubled chunk switches can cost up to the launch-late idle again
+    assert GAINS["pp_interleave"]({**n, "idle_launch_ms": 20.0}).low_ms == pytest.approx(saved - 2 * p2p - 20)
     # a large p2p part outweighs what interleaving saves: it predicts a loss
     assert GAINS["pp_interleave"]({**n, "pp_bubble_ms": 90.0, "stage_imbalance_ms": 0.0}).estimate_ms < 0
     assert GAINS["pp_more_microbatches"](n).estimate_ms == pytest.approx(schedule / 2)
+    # the once-per-step DP reduction is shared by twice the work too
+    assert GAINS["pp_more_microbatches"]({**n, "exposed_dp_ms": 8.0}).estimate_ms == pytest.approx((schedule + 8) / 2)
 
 
 def test_dp_overlap_pipelines_reductions_behind_backward():

@@ -21,6 +21,9 @@ SMALL_GEMMS_KERNELS_PER_STEP = 2000
 FUSION_FAMILIES = re.compile(
     r".*(?:silu|gelu|swiglu|geglu|masked_fill|softmax|SoftMax|rotary|rope_|indexFunc|index_elementwise"
     r"|scatter_gather|log_softmax|nll_loss|cross_entropy|dropout|bernoulli)")
+# kernels that run once per step, whatever the micro-batch count: the optimizer and the
+# gradient norm/clip/scale passes (PyTorch and Apex/TE multi-tensor kernels, fused Adam)
+PER_STEP_KERNELS = re.compile(r".*(?:multi_tensor|[Ff]used[_]?[Aa]dam|adam_kernel|AdamFunctor|l2norm)")
 FUSION_SAVES = 0.5  # a fused chain of two memory-bound passes reads and writes HBM once instead of twice
 # FP8 GEMM speed-up over BF16 measured end to end on H100 (Megatron-LM issue #396: a 13B GPT,
 # --fp8-hybrid, 0.34 -> 0.24 s/step = 1.42x), range: 1.2x (small GEMMs where the per-step
@@ -39,6 +42,7 @@ class ComputeResult:
     sm_active_source: str = ""
     tensor_active: float | None = None
     fusible_ns: int = 0  # kernels of the FUSION_FAMILIES, summed (ns in the window)
+    per_step_kernel_ns: int = 0  # kernels of PER_STEP_KERNELS (optimizer, grad norm), summed
 
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ComputeResult:
@@ -47,10 +51,15 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ComputeResult:
                       gemm_ns=iv.total(clipped_set(comp[comp["is_gemm"]], sets.lo, sets.hi)),
                       exposed_copy_ns=iv.total(iv.subtract(sets.copies, sets.compute_or_comm)),
                       fp8_kernels=int(sets.kernels["is_fp8"].sum()))
-    fam = comp[name_matches(comp["name"], FUSION_FAMILIES)]
-    r.fusible_ns = int((np.minimum(fam["end"], sets.hi) - np.maximum(fam["start"], sets.lo)).clip(lower=0).sum())
+    r.fusible_ns = _clipped_ns(comp[name_matches(comp["name"], FUSION_FAMILIES)], sets.lo, sets.hi)
+    r.per_step_kernel_ns = _clipped_ns(comp[name_matches(comp["name"], PER_STEP_KERNELS)], sets.lo, sets.hi)
     _utilisation(r, gpu, prof, sets)
     return r
+
+
+def _clipped_ns(ops, lo: int, hi: int) -> int:
+    """Summed duration of these kernels inside [lo, hi] (overlaps counted once per kernel)."""
+    return int((np.minimum(ops["end"], hi) - np.maximum(ops["start"], lo)).clip(lower=0).sum())
 
 
 def _utilisation(r: ComputeResult, gpu, prof, sets: WindowSets) -> None:
@@ -117,6 +126,7 @@ def numbers(job: Job) -> dict:
             sm_busy.append(min(1.0, c.sm_active * window_ns / c.compute_ns))
     return dict(compute_ms=comp_ms, gemm_ms=gemm_ms, elementwise_ms=max(0.0, comp_ms - gemm_ms),
                 fusible_ms=mean_per_step_ms(job, lambda a: a.compute.fusible_ns),
+                per_step_kernel_ms=mean_per_step_ms(job, lambda a: a.compute.per_step_kernel_ns),
                 sm_busy=float(np.mean(sm_busy)) if sm_busy else 1.0)
 
 

@@ -39,23 +39,27 @@ def interleave(n: dict) -> Gain | None:
     bubble, schedule, imbalance, p2p, p, v, m = s
     saved = schedule * (1 - _theory(p, 2 * v, m) / _theory(p, v, m))
     est = saved - p2p
-    # low: the sends also double their launches on a host-bound job (the p2p part again)
-    return gain("pp_interleave", est, est - p2p, saved, bubble,
+    # low: the host issues twice the chunk switches and sends; where the GPU already waits for
+    # launches that wait can grow by as much again (launch-late idle), and the p2p part again
+    launch = float(n.get("idle_launch_ms") or 0.0)
+    return gain("pp_interleave", est, est - p2p - launch, saved, bubble,
                 f"schedule bubble {schedule:.1f} of the measured {bubble:.1f} ms/step falls by {saved:.1f} "
                 f"(VPP {v}->{2 * v}, p={p}, m={m}); the p2p part {p2p:.1f} doubles; imbalance {imbalance:.1f} stays")
 
 
 def more_microbatches(n: dict) -> Gain | None:
     """Twice the micro-batches of the same size: the fill/drain, (p-1) slots, is paid once per
-    2m instead of once per m, so per the base step's work the schedule bubble halves; the p2p
-    part and imbalance are paid per micro-batch and stay."""
+    2m instead of once per m, and so are the once-per-step DP gradient reduction and optimizer
+    kernels: per the base step's work they halve. The p2p part and imbalance stay."""
     s = _split(n)
     if s is None:
         return None
     bubble, schedule, imbalance, p2p, p, v, m = s
-    return gain("pp_more_microbatches", schedule / 2.0, schedule / 2.0, (schedule + imbalance) / 2.0, bubble,
-                f"half the schedule bubble {schedule:.1f} of the measured {bubble:.1f} ms/step, per the base "
-                f"step's work (p={p}, m={m} -> {2 * m})")
+    fixed = float(n.get("exposed_dp_ms") or 0.0) + float(n.get("per_step_kernel_ms") or 0.0)
+    return gain("pp_more_microbatches", (schedule + fixed) / 2.0, schedule / 2.0,
+                (schedule + imbalance + fixed) / 2.0, bubble + fixed,
+                f"half the schedule bubble {schedule:.1f} (of the measured {bubble:.1f}) and of the once-per-step "
+                f"DP reduction and optimizer kernels {fixed:.1f} ms/step, per the base step's work (p={p}, m={m} -> {2 * m})")
 
 
 def pipelined(n: dict) -> bool:
