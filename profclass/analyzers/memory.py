@@ -84,28 +84,31 @@ def _footprint(gpu, prof) -> tuple[int | None, int | None]:
 # job level
 
 # gain models (ms per step) from the job numbers; see docs/fixes.md
-def _recompute_kernels_ms(n: dict) -> float:
-    """Recompute kernel time: the memory analyzer's measured value where it has one, else the
-    forward/backward-ratio estimate."""
-    measured = n.get("recompute_measured_ms")
-    return float(measured if measured is not None else n["recompute_ms"])
+def _rerun_forward(model: str, n: dict, keep_ms: float, what: str) -> Gain:
+    """What removing recompute (less ``keep_ms``, what selective recompute keeps) saves.
 
-
-def _rerun_forward(model: str, kernels_ms: float, n: dict, what: str) -> Gain:
-    """A recomputed forward re-runs kernels *and* their launches, dispatch all-to-alls and
-    waits: it costs the step what the rest of the step costs per ms of compute
-    (x step/compute). Low: the kernels alone; the range is symmetric about the estimate."""
+    Measured (the memory analyzer's ``recompute_measured_ms``: the recomputed-forward *spans*
+    inside backward, with their launches, dispatch and waits): that time itself, range x
+    compute/step to x step/compute. Else the forward/backward-ratio estimate, kernels only: a
+    recomputed forward also re-runs their launches, dispatch all-to-alls and waits, so it
+    costs what the rest of the step costs per ms of compute (x step/compute); the kernels
+    alone are the low end and the range is symmetric about the estimate."""
     scale = n["step_ms"] / n["compute_ms"] if n["compute_ms"] else 1.0
-    est = kernels_ms * scale
-    return gain(model, est, kernels_ms, 2 * est - kernels_ms, kernels_ms,
-                f"{what} {kernels_ms:.1f} ms/step of kernels x step/compute {scale:.2f}")
+    measured = n.get("recompute_measured_ms")
+    if measured is not None:
+        span = max(0.0, float(measured) - keep_ms)
+        return gain(model, span, span / scale, span * scale, span,
+                    f"{what}: measured recomputed-forward spans {span:.1f} ms/step (range x 1/{scale:.2f} to x {scale:.2f})")
+    kernels = max(0.0, n["recompute_ms"] - keep_ms)
+    est = kernels * scale
+    return gain(model, est, kernels, 2 * est - kernels, kernels,
+                f"{what}: {kernels:.1f} ms/step of recompute kernels (ratio estimate) x step/compute {scale:.2f}")
 
 
 GAINS = {
-    "recompute_off": lambda n: _rerun_forward("recompute_off", _recompute_kernels_ms(n), n, "recompute"),
-    "recompute_minus_selective": lambda n: _rerun_forward(
-        "recompute_minus_selective", max(0.0, _recompute_kernels_ms(n) - n["selective_keep_ms"]), n,
-        "recompute beyond what selective keeps"),
+    "recompute_off": lambda n: _rerun_forward("recompute_off", n, 0.0, "recompute"),
+    "recompute_minus_selective": lambda n: _rerun_forward("recompute_minus_selective", n, n["selective_keep_ms"],
+                                                          "recompute beyond what selective keeps"),
     "offload": lambda n: removed("offload", n["offload_ms"], "exposed offload copies"),
     "memory_all": lambda n: removed("memory_all", n["memory_ms"], "memory wall"),
     # halving the footprint can remove at most about half of what fitting costs
