@@ -56,8 +56,8 @@ def gain_text(f: dict) -> str:
     """A fix's predicted gain in words, for the text/Markdown/HTML reports."""
     if f.get("expected_gain_ms") is None:
         return "gain not priced"
-    return (f"~{f['expected_gain_ms']:.1f} ms/step ({f['expected_gain_pct']:.0f}%), "
-            f"range {f['gain_low_ms']:.1f} to {f['gain_high_ms']:.1f}")
+    pct = "" if f.get("expected_gain_pct") is None else f" ({f['expected_gain_pct']:.0f}%)"
+    return f"~{f['expected_gain_ms']:.1f} ms/step{pct}, range {f['gain_low_ms']:.1f} to {f['gain_high_ms']:.1f}"
 
 
 def predict_by_id(fix_id: str, numbers: dict, step_ms: float) -> dict:

@@ -175,3 +175,11 @@ def test_a_plain_number_is_a_ceiling_claimed_as_such():
     g = as_gain("some_time", 12.0)
     assert (g.estimate_ms, g.low_ms, g.high_ms, g.ceiling_ms) == (12.0, 0.0, 12.0, 12.0)
     assert g.basis.startswith("some_time: ceiling only") and as_gain("x", None) is None
+
+
+def test_gain_text_without_a_step_share():
+    from profclass.fixes import gain_text
+
+    f = dict(expected_gain_ms=3.0, expected_gain_pct=None, gain_low_ms=1.0, gain_high_ms=4.0)
+    assert gain_text(f) == "~3.0 ms/step, range 1.0 to 4.0"
+    assert gain_text({**f, "expected_gain_ms": None}) == "gain not priced"
