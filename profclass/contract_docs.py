@@ -73,8 +73,9 @@ with `missing`:
   are found by name (kernels without a forward/backward naming).
 - `window.step_ms.std`, diff `base.step_ms.std`, `step.base_std_ms`, `step.candidate_std_ms`:
   0.0 with a single iteration (the spread is unknown; diff's test says "untested").
-- `fixes[].expected_gain_ms` / `expected_gain_pct`: 0.0 for a fix whose gain is not estimated
-  (`gain_basis` empty, or `exposed_tp`: tensor-parallel communication is not measured).
+- `fixes[].expected_gain_ms` / `expected_gain_pct` / `gain_low_ms` / `gain_high_ms` /
+  `gain_ceiling_ms`: null (since 1.2.0; 0.0 before) for a fix the profile cannot price
+  (`gain_basis` says "not priced"), e.g. the pipeline fixes without the layout numbers.
 - `collectives[].wait_ms_per_step`: 0.0 with one GPU (no peers to wait for: not applicable).
 - `kernels[].library`, `kernels[].collective`, `devices[].features.sm_active_source`: empty
   string for "none / unknown".

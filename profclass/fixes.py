@@ -1,9 +1,9 @@
 """Stage 5, fixes: render the fixes table (``data/fixes.toml``) for the verdict and runner-up.
 
 The table is data. This module only evaluates each entry's conditions against a *context*
-(facts derived from the profile) and computes each fix's expected gain: an upper bound in
-ms per step, from the measured time the fix can remove (``GAINS``, gathered from the
-analyzers that measure it).
+(facts derived from the profile) and predicts each fix's gain in ms per step: a best
+estimate, a range and the ceiling (the whole time of what it targets), from the fix's gain
+model (``GAINS``, gathered from the analyzers that measure what it needs; docs/fixes.md).
 """
 from __future__ import annotations
 
@@ -29,33 +29,68 @@ def _flag_on(flags: dict, spec: str) -> bool:
     return not want or str(flags[name]) == want
 
 
-def select(walls: list[str], ctx: dict, flags: dict, numbers: dict, step_ms: float) -> list[dict]:
-    """Fixes for ``walls`` (verdict, runner-up) that apply and are not on yet, each with
-    ``expected_gain_ms``/``expected_gain_pct`` (an upper bound), sorted by that gain."""
+def predict(fix: dict, numbers: dict, step_ms: float) -> dict:
+    """One fix's predicted gain (ms per step) from its model (``gain`` in the table), as the
+    JSON fields; every number None when the profile does not show what the model needs."""
     from .analyzers import GAINS  # each analyzer prices the fixes of what it measures (numpy, pandas)
+    from .analyzers.gainmodel import as_gain
 
+    model = fix.get("gain", "")
+    g = as_gain(model, GAINS[model]({**numbers, "step_ms": step_ms})) if model else None
+    if g is None:
+        return dict(expected_gain_ms=None, expected_gain_pct=None, gain_low_ms=None, gain_high_ms=None,
+                    gain_ceiling_ms=None, gain_model=model,
+                    gain_basis=f"{model}: not priced, the profile does not show what it needs" if model
+                    else "no gain model")
+
+    def cap(ms: float) -> float:  # a fix cannot save more than the step, nor cost more than it
+        return round(max(-step_ms, min(ms, step_ms)), 2)
+
+    est = cap(g.estimate_ms)
+    return dict(expected_gain_ms=est, expected_gain_pct=round(100.0 * est / step_ms, 1) if step_ms else None,
+                gain_low_ms=cap(g.low_ms), gain_high_ms=cap(g.high_ms), gain_ceiling_ms=cap(g.ceiling_ms),
+                gain_model=g.model, gain_basis=g.basis)
+
+
+def gain_text(f: dict) -> str:
+    """A fix's predicted gain in words, for the text/Markdown/HTML reports."""
+    if f.get("expected_gain_ms") is None:
+        return "gain not priced"
+    pct = "" if f.get("expected_gain_pct") is None else f" ({f['expected_gain_pct']:.0f}%)"
+    return f"~{f['expected_gain_ms']:.1f} ms/step{pct}, range {f['gain_low_ms']:.1f} to {f['gain_high_ms']:.1f}"
+
+
+def predict_by_id(fix_id: str, numbers: dict, step_ms: float) -> dict:
+    """``predict`` for the table's fix ``fix_id``, whether or not it applies to the profile."""
+    fix = next(f for f in load_table() if f["id"] == fix_id)
+    return predict(fix, numbers, step_ms)
+
+
+def _applies(fix: dict, ctx: dict, flags: dict) -> bool:
+    if not all(_context_matches(ctx, k, v) for k, v in fix.get("requires", {}).items()):
+        return False
+    if any(_context_matches(ctx, k, v) for k, v in fix.get("skip_if", {}).items()):
+        return False
+    return not any(_flag_on(flags, f) for f in fix.get("skip_if_flags", []))
+
+
+def rank_key(f: dict) -> tuple:
+    """The ranking rule: the largest best estimate first (an unpriced fix last); equal estimates
+    keep the verdict's wall first, then the table's own order."""
+    est = f["expected_gain_ms"]
+    return (est is None, -(est or 0.0), f["for"] != "verdict", f["table_order"])
+
+
+def select(walls: list[str], ctx: dict, flags: dict, numbers: dict, step_ms: float) -> list[dict]:
+    """Fixes for ``walls`` (verdict, runner-up) that apply and are not on yet, each with its
+    predicted gain (``predict``), ranked by ``rank_key``."""
     out = []
     for rank, wall in enumerate(walls):
-        mine = []
         for order, fix in enumerate(load_table()):
-            if fix["wall"] != wall:
+            if fix["wall"] != wall or not _applies(fix, ctx, flags):
                 continue
-            if not all(_context_matches(ctx, k, v) for k, v in fix.get("requires", {}).items()):
-                continue
-            if any(_context_matches(ctx, k, v) for k, v in fix.get("skip_if", {}).items()):
-                continue
-            if any(_flag_on(flags, f) for f in fix.get("skip_if_flags", [])):
-                continue
-            gain = max(0.0, float(GAINS[fix["gain"]](numbers))) if fix.get("gain") else 0.0
-            gain = min(gain, step_ms)
-            mine.append({"id": fix["id"], "wall": wall, "title": fix["title"], "flags": fix["flags"], "why": fix["why"],
-                         "for": "verdict" if rank == 0 else "runner_up",
-                         "expected_gain_ms": round(gain, 2),
-                         "expected_gain_pct": round(100.0 * gain / step_ms, 1) if step_ms else 0.0,
-                         "gain_basis": fix.get("gain", ""), "table_order": order, "_wall_rank": rank})
-        out.extend(mine)
-    # the largest ceiling first; ties keep the verdict's wall, then the table's own order
-    out.sort(key=lambda f: (-f["expected_gain_ms"], f["_wall_rank"], f["table_order"]))
-    for f in out:
-        del f["_wall_rank"]
+            out.append({"id": fix["id"], "wall": wall, "title": fix["title"], "flags": fix["flags"], "why": fix["why"],
+                        "for": "verdict" if rank == 0 else "runner_up", **predict(fix, numbers, step_ms),
+                        "table_order": order})
+    out.sort(key=rank_key)
     return out

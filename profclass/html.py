@@ -15,6 +15,7 @@ import io
 from . import __version__
 from . import timeline_view as tv
 from .classify import WALLS
+from .fixes import gain_text
 from .formatting import by_rank, layout_lines, pct, shorten, waits_ms_per_step
 
 TOP_KERNELS = 15
@@ -166,10 +167,10 @@ def _fixes(d) -> list[str]:
     out = ["<h2>Fixes to try</h2>"]
     if d.fixes:
         items = [f"<li><b>{_e(f['title'])}</b> <span class=\"muted\">[{_e(f['wall'])}]</span> "
-                 f"<span class=\"gain\">up to {f['expected_gain_ms']:.1f} ms/step ({f['expected_gain_pct']:.0f}%)</span>"
+                 f"<span class=\"gain\">{_e(gain_text(f))}</span><br><span class=\"muted\">{_e(f['gain_basis'])}</span>"
                  f"<br>flags: <code>{_e(f['flags'])}</code><br><span class=\"muted\">{_e(f['why'])}</span></li>"
                  for f in d.fixes]
-        out += ["<p class=\"muted\">Expected gains are upper bounds: the time the fix can remove at most.</p>",
+        out += ["<p class=\"muted\">Predicted gains: the best estimate and its range (docs/fixes.md).</p>",
                 "<ol class=\"fixes\">" + "".join(items) + "</ol>"]
     else:
         out.append("<p class=\"muted\">No fix applies.</p>")

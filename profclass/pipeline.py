@@ -58,6 +58,8 @@ class Diagnosis:
     # diagnose(keep_timelines=True) sets this to the analysed GpuTimelines (for pictures and
     # kernel tables); a plain class attribute, so not a dataclass field and not in to_dict()
     timelines = None
+    # the job numbers fix gains are priced from (ms per step); a plain attribute like timelines
+    numbers = None
 
     def to_dict(self) -> dict:
         return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
@@ -175,10 +177,13 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
         facts["ep"] = job.layout.size("ep") > 1
     flags = cfg.get("command_line_flags", {}).get("value", {})
     env_all = {k: v for p in profiles for k, v in p.env.items()}
+    # whether memory has room for what a fix would add (recompute off): the pitfalls' fact
+    facts["memory_headroom"] = pitfalls.facts(flags, env_all, cfg, memory.peak_share(job), len(job.records))[
+        "memory_headroom"]
     # a fix is already on when its flag is on the command line or its variable in the environment
     chosen = fixes.select([verdict.wall, verdict.runner_up], facts, {**env_all, **flags}, numbers,
                           step_ms=job.step_ms)
-    return Diagnosis(
+    d = Diagnosis(
         inputs=list(paths),
         verdict=dict(wall=verdict.wall, confidence=verdict.confidence, runner_up=verdict.runner_up,
                      summary=_summary(verdict, shares, job.walls_ns, job.stragglers), scores=verdict.scores),
@@ -192,6 +197,8 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
         kernels=table_records(kernel_table(gpus, [r.iterations for r in job.records])),
         layout=job.layout.to_dict(), pipeline=job.pipeline.to_dict())
+    d.numbers = numbers
+    return d
 
 
 def _walls(job: Job, shares: dict) -> dict:

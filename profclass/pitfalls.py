@@ -78,6 +78,7 @@ def _condition_true(fact_values: dict[str, bool], cond: str) -> bool:
 
 def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scope: str = "run") -> list[dict]:
     from .analyzers import GAINS  # numpy, pandas: only where a rule is priced
+    from .analyzers.gainmodel import as_gain
     out = []
     for rule in load_rules():
         if rule.get("scope", "run") != scope:
@@ -88,7 +89,8 @@ def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scop
         if cost == "recompute_ms":
             ms = cost_numbers.get("recompute_ms", 0.0)
         elif cost and cost_numbers:
-            ms = max(0.0, float(GAINS[cost](cost_numbers)))
+            g = as_gain(cost, GAINS[cost]({**cost_numbers, "step_ms": step_ms}))
+            ms = None if g is None else max(0.0, g.estimate_ms)
         else:
             ms = None
         out.append({"id": rule["id"], "rule": rule["id"], "title": rule["title"], "message": rule["message"], "fix": rule["fix"],

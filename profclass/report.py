@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .classify import WALLS
+from .fixes import gain_text
 from .formatting import by_rank, layout_lines, md_cell, md_code, pct, waits_ms_per_step
 from .pipeline import Diagnosis
 
@@ -60,10 +61,10 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
         t.add_row(e["wall"], e["metric"], f"{e['value']:.3f}", e["unit"], e["note"])
     con.print(t)
     if d.fixes:
-        con.print("[bold]Fixes to try[/bold] (expected gain is an upper bound):")
+        con.print("[bold]Fixes to try[/bold] (predicted gain, best estimate and range):")
         for i, f in enumerate(d.fixes, 1):
-            con.print(f"{i}. [{f['wall']}] {f['title']}  (up to {f['expected_gain_ms']:.1f} ms/step, "
-                      f"{f['expected_gain_pct']:.0f}%)\n   flags: {f['flags']}\n   why: {f['why']}")
+            con.print(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   flags: {f['flags']}\n"
+                      f"   why: {f['why']}\n   gain: {f['gain_basis']}")
     for p in d.pitfalls:
         con.print(f"[bold]Pitfall[/bold]: {p.get('rule', '')}: {p.get('message', '')}")
     if d.missing:
@@ -109,9 +110,9 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
                   f"{r.calls_per_step:.1f} |" for r in t.itertuples()]
         lines += ["", f"Top {len(t)} kernels by GPU time per steady step, mean over {len(d.devices)} GPU(s)."]
     if d.fixes:
-        lines += ["", "### Fixes (expected gain is an upper bound)", ""]
-        lines += [f"{i}. **{f['title']}** ({f['wall']}, up to {f['expected_gain_ms']:.1f} ms/step, "
-                  f"{f['expected_gain_pct']:.0f}%): {md_code(f['flags'])}. {f['why']}" for i, f in enumerate(d.fixes, 1)]
+        lines += ["", "### Fixes (predicted gain: best estimate and range)", ""]
+        lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(f['flags'])}. {f['why']} "
+                  f"Gain: {md_cell(f['gain_basis'])}." for i, f in enumerate(d.fixes, 1)]
     for p in d.pitfalls:
         lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}"]
     if d.evidence:

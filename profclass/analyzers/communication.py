@@ -20,7 +20,9 @@ from .. import intervals as iv
 from ..kernels import COLLECTIVE_TYPES
 from ..timeline import GpuTimeline, comm_kernels
 from . import comm_groups
+from .gainmodel import Gain, gain, share_of
 from .job import Job, evidence_row, mean_per_step_ms
+from .pipeline_gains import PP_GAINS, pipelined
 from .sets import WindowSets, clipped_set
 
 EP_COLLECTIVES = ("all_to_all",)
@@ -215,14 +217,56 @@ def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx) -> None
 # ---------------------------------------------------------------------------------------------
 # job level
 
-# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+# gain models (ms per step) from the job numbers; each constant's basis is in docs/fixes.md
+BACKWARD_SHARE = 2.0 / 3.0  # backward ~ 2x the forward's FLOPs: 2/3 of a step's compute
+NCCL_LAUNCH_MS = 0.02  # one collective's launch and proxy set-up (nccl-tests small-message latency)
+NCCL_SM_SHARE = 32 / 132  # NCCL's default 32 channels (one SM each) of an H100/H200's 132 SMs
+# a slow path's bandwidth over NVLink's: PCIe Gen5 x16 through host memory (~50 GB/s achieved,
+# or an InfiniBand NDR port, 50 GB/s) vs H100/H200 NVLink 4 (450 GB/s per direction)
+SLOW_OVER_NVLINK = 50.0 / 450.0
+
+
+def _dp_overlap(n: dict) -> Gain:
+    """Each layer's gradients reduce while the layers after them in backward compute: the
+    reductions start once the first layer's backward is done (B/L) and the last-ready layer's
+    (T/L) runs after backward, so exposed = max(T - B(L-1)/L, T/L) (L layers; unknown: no tail)."""
+    t, backward, layers = n["exposed_dp_transfer_ms"], BACKWARD_SHARE * n["compute_ms"], n["num_layers"]
+    tail, under = (t / layers, backward * (layers - 1) / layers) if layers else (0.0, backward)
+    hideable = min(t - tail, under)
+    est = hideable - n["dp_reductions_per_step"] * NCCL_LAUNCH_MS
+    # range: overlap can cost (NCCL's SMs are taken from the backward it runs under), and the
+    # reduction is a job-wide sync point, so overlap can also free rank skew paid in waits
+    return gain("dp_overlap", est, -NCCL_SM_SHARE * hideable, n["exposed_dp_ms"] + n["comm_wait_ms"],
+                n["exposed_dp_ms"],
+                f"exposed DP transfer {t:.1f} less the last layer's {tail:.1f}, hideable under the backward "
+                f"compute after the first layer's {under:.1f} ms/step, minus "
+                f"{n['dp_reductions_per_step']:.0f} launches x {NCCL_LAUNCH_MS} ms")
+
+
+def _fabric(n: dict) -> Gain:
+    t = n["exposed_ep_ms"] + n["exposed_dp_transfer_ms"]
+    if not n["slow_fabric"]:
+        return gain("fabric_ratio", 0.0, 0.0, n["exposed_ep_ms"], n["exposed_ep_ms"],
+                    "no slow path in evidence (NCCL_P2P_DISABLE not set): the traffic already takes NVLink")
+    # low 0: in a host-bound step a faster transfer only lengthens the wait for the next launch
+    return gain("fabric_ratio", t * (1 - SLOW_OVER_NVLINK), 0.0, t, t,
+                f"exposed transfer {t:.1f} ms/step x (1 - {SLOW_OVER_NVLINK:.2f} slow/NVLink bandwidth)")
+
+
 GAINS = {
-    "exposed_ep_transfer": lambda n: n["exposed_ep_ms"],
-    # EP overlap hides the all-to-all behind other compute: at most the smaller of the two
-    "exposed_ep_transfer_hideable": lambda n: min(n["exposed_ep_ms"], n["compute_ms"]),
-    "exposed_dp": lambda n: n["exposed_dp_ms"],
-    "exposed_tp": lambda n: n["exposed_tp_ms"],
-    "exposed_comm_wait": lambda n: n["comm_wait_ms"],
+    # no measured DeepEP/NCCL ratio yet: the midpoint of [0, exposed all-to-all transfer]
+    "exposed_ep_transfer": lambda n: share_of("exposed_ep_transfer", n["exposed_ep_ms"], 0.5, 0.0, 1.0,
+                                              "exposed all-to-all transfer"),
+    # EP overlap hides the all-to-all behind the other micro-batch's compute: the smaller of the two
+    "ep_overlap": lambda n: share_of("ep_overlap", min(n["exposed_ep_ms"], n["compute_ms"]), 1.0, 0.5, 1.0,
+                                     "exposed all-to-all transfer hideable under compute"),
+    "dp_overlap": _dp_overlap,
+    "exposed_tp": lambda n: None if n.get("exposed_tp_ms") is None else share_of(
+        "exposed_tp", n["exposed_tp_ms"], 1.0, 0.5, 1.0, "exposed TP collectives"),
+    # arrivals evened to the mean save the mean wait; jitter may not be removable (low 0)
+    "rank_skew": lambda n: share_of("rank_skew", n["comm_wait_ms"], 1.0, 0.0, 1.0, "mean wait for peers"),
+    "fabric_ratio": _fabric,
+    **PP_GAINS,
 }
 
 def exposed_ms(job: Job, types: tuple[str, ...], transfer_only: bool) -> float:
@@ -264,10 +308,19 @@ def by_group(job: Job) -> dict[str, float]:
 def numbers(job: Job) -> dict:
     comm_wait_ms = float(np.mean([r.comm.exposed_wait_ns / r.iterations for r in job.records])) / 1e6
     tp_types = DP_COLLECTIVES + ("broadcast", "reduce")
+    dp_share = group_share(job, ("DP", "EDP"), DP_COLLECTIVES)
+    dp_calls = sum(c["instances"] for c in job.comm.collectives
+                   if c["collective"] in DP_COLLECTIVES and c["group"] in ("DP", "EDP"))
+    slow = str(job.cfg.get("NCCL_P2P_DISABLE", {}).get("value", "")) == "1"
+    flags = job.cfg.get("command_line_flags", {}).get("value", {})
+    layers = next((int(flags[f]) for f in ("--num-layers", "--layers") if str(flags.get(f, "")).isdigit()), None)
     return dict(comm_wait_ms=comm_wait_ms,
                 exposed_ep_ms=exposed_ms(job, EP_COLLECTIVES, True) * group_share(job, ("EP",), EP_COLLECTIVES),
-                exposed_dp_ms=exposed_ms(job, DP_COLLECTIVES, False) * group_share(job, ("DP", "EDP"), DP_COLLECTIVES),
-                exposed_tp_ms=exposed_ms(job, tp_types, False) * group_share(job, ("TP", "ETP"), tp_types))
+                exposed_dp_ms=exposed_ms(job, DP_COLLECTIVES, False) * dp_share,
+                exposed_dp_transfer_ms=exposed_ms(job, DP_COLLECTIVES, True) * dp_share,
+                exposed_tp_ms=exposed_ms(job, tp_types, False) * group_share(job, ("TP", "ETP"), tp_types),
+                dp_reductions_per_step=dp_calls / float(np.median([r.iterations for r in job.records])),
+                slow_fabric=slow, num_layers=layers)
 
 
 def facts(job: Job, numbers: dict) -> dict:
@@ -277,7 +330,8 @@ def facts(job: Job, numbers: dict) -> dict:
                                 and numbers["comm_wait_ms"] >= COMM_WAIT_MIN * job.step_ms),
         tp_comm_exposed=numbers["exposed_tp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
         # EP fixes need expert parallelism and all-to-all time that compute does not hide
-        ep_comm_exposed=numbers["exposed_ep_ms"] >= DP_EXPOSED_MIN * job.step_ms)
+        ep_comm_exposed=numbers["exposed_ep_ms"] >= DP_EXPOSED_MIN * job.step_ms,
+        pp_bubble_known=pipelined(numbers))
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:

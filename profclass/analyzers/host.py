@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
+from .gainmodel import Gain, gain, removed
 from .job import Job, evidence_row, mean_per_step_ms
 from .sets import WindowSets, clipped_set, name_matches
 
@@ -44,10 +45,25 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
 # job level
 
 # fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
-GAINS = {"gc": lambda n: min(n["gc_ms"], n["host_ms"])}
+def _host_spread(n: dict) -> Gain | None:
+    """Pinning brings the worst-placed rank's host time to the median rank's. Not priced for a
+    lone rank (no spread to see) nor a pipelined job (stages do different work by design)."""
+    if n["host_rank_ms"] is None or (n.get("pp_stages") or n["pp_from_flags"]) > 1:
+        return None
+    ranks = n["host_rank_ms"]
+    spread, full = max(ranks) - float(np.median(ranks)), max(ranks) - min(ranks)
+    return gain("host_spread", spread, 0.0, full, full,
+                f"slowest rank's host time {max(ranks):.1f} minus the median rank's {float(np.median(ranks)):.1f} ms/step")
+
+
+GAINS = {"gc": lambda n: removed("gc", min(n["gc_ms"], n["host_ms"]), "garbage-collection time"),
+         "host_spread": _host_spread}
 
 def numbers(job: Job) -> dict:
-    return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns), host_ms=job.walls_ns["host"] / 1e6)
+    ranks = [r.walls_ns.get("host", 0) / r.iterations / 1e6 for r in job.records]
+    pp = str((job.cfg.get("command_line_flags") or {}).get("value", {}).get("--pipeline-model-parallel-size", "1"))
+    return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns), host_ms=job.walls_ns["host"] / 1e6,
+                host_rank_ms=ranks if len(ranks) > 1 else None, pp_from_flags=int(pp) if pp.isdigit() else 1)
 
 
 def facts(job: Job, numbers: dict) -> dict:

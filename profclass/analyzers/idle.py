@@ -16,6 +16,7 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
+from .gainmodel import Gain, gain, removed, share_of
 from .job import Job, evidence_row, mean_per_step_ms
 from .sets import WindowSets, clipped_set, name_matches
 
@@ -157,12 +158,22 @@ def _ended_within(sorted_ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np
 # ---------------------------------------------------------------------------------------------
 # job level
 
-# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+# gain models (ms per step) from the job numbers; see docs/fixes.md
+def _bigger_microbatch(n: dict) -> Gain:
+    """Twice the micro-batch: half the launches per sample (half the launch-late idle per unit
+    of work) and kernels whose grids left SMs unfilled fill them; per the base step's work."""
+    launch, low_sm = n["idle_launch_ms"], n["compute_ms"] * max(0.0, 1.0 - n["sm_busy"])
+    return gain("bigger_microbatch", 0.5 * (launch + low_sm), 0.5 * launch, launch + low_sm, launch + low_sm,
+                f"half of launch-late idle {launch:.1f} + unfilled-SM compute {low_sm:.1f} ms/step")
+
+
 GAINS = {
-    "input": lambda n: n["input_ms"],
-    "idle_sync": lambda n: n["idle_sync_ms"],
-    "idle_launch": lambda n: n["idle_launch_ms"],
-    "idle_alloc": lambda n: n["idle_alloc_ms"],
+    "input": lambda n: removed("input", n["input_ms"], "GPU idle waiting for input batches"),
+    "idle_sync": lambda n: removed("idle_sync", n["idle_sync_ms"], "idle after host syncs"),
+    # graphs launch a captured scope at once; dropless MoE captures only partial scopes (low half)
+    "launch_idle": lambda n: share_of("launch_idle", n["idle_launch_ms"], 1.0, 0.5, 1.0, "launch-late idle"),
+    "idle_alloc": lambda n: removed("idle_alloc", n["idle_alloc_ms"], "idle around allocator calls"),
+    "bigger_microbatch": _bigger_microbatch,
 }
 
 def numbers(job: Job) -> dict:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
+from .gainmodel import Gain, gain, removed, share_of
 from .idle import copy_roles
 from .job import Job, evidence_row, mean_per_step_ms
 from .recompute import recomputed_spans
@@ -149,14 +150,52 @@ def memory_bound(job: Job) -> bool:
     that recompute costs a measurable share of the step (needs ``job.step_ns``)."""
     return bool(job.step_ns) and charged_recompute_ms(job) >= MEMORY_BOUND_MIN_SHARE * job.step_ms
 
-# fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
+
+# gain models (ms per step) from the job numbers; see docs/fixes.md
+def _rerun_forward(model: str, n: dict, keep_ms: float, what: str) -> Gain:
+    """What removing recompute (less ``keep_ms``, what selective recompute keeps) saves.
+
+    Measured (the memory analyzer's ``recompute_measured_ms``: the recomputed-forward *spans*
+    inside backward, with their launches, dispatch and waits): that time itself, range x
+    compute/step to x step/compute. Else the forward/backward-ratio estimate, kernels only: a
+    recomputed forward also re-runs their launches, dispatch all-to-alls and waits, so it
+    costs what the rest of the step costs per ms of compute (x step/compute); the kernels
+    alone are the low end and the range is symmetric about the estimate."""
+    scale = n["step_ms"] / n["compute_ms"] if n["compute_ms"] else 1.0
+    measured = n.get("recompute_measured_ms")
+    if measured is not None:
+        span = max(0.0, float(measured) - keep_ms)
+        return gain(model, span, span / scale, span * scale, span,
+                    f"{what}: measured recomputed-forward spans {span:.1f} ms/step (range x 1/{scale:.2f} to x {scale:.2f})")
+    kernels = max(0.0, n["recompute_ms"] - keep_ms)
+    est = kernels * scale
+    return gain(model, est, kernels, 2 * est - kernels, kernels,
+                f"{what}: {kernels:.1f} ms/step of recompute kernels (ratio estimate) x step/compute {scale:.2f}")
+
+
 GAINS = {
-    "recompute_minus_selective": lambda n: max(0.0, n["recompute_ms"] - n["selective_keep_ms"]),
-    "offload": lambda n: n["offload_ms"],
-    "memory_all": lambda n: n["memory_ms"],
+    "recompute_off": lambda n: _rerun_forward("recompute_off", n, 0.0, "recompute"),
+    "recompute_minus_selective": lambda n: _rerun_forward("recompute_minus_selective", n, n["selective_keep_ms"],
+                                                          "recompute beyond what selective keeps"),
+    "offload": lambda n: removed("offload", n["offload_ms"], "exposed offload copies"),
+    "memory_all": lambda n: removed("memory_all", n["memory_ms"], "memory wall"),
     # halving the footprint can remove at most about half of what fitting costs
-    "memory_half": lambda n: n["memory_ms"] / 2.0,
+    "memory_half": lambda n: share_of("memory_half", n["memory_ms"], 0.5, 0.0, 1.0, "memory wall"),
+    "pp_double_stages": lambda n: _double_stages(n),
 }
+
+
+def _double_stages(n: dict) -> Gain | None:
+    """Twice the pipeline stages halve each GPU's share of the model (half the memory wall) but
+    lengthen the bubble from (p-1)/(m+p-1) to (2p-1)/(m+2p-1) of the compute; unpriced without
+    the pipeline numbers (docs/fixes.md)."""
+    p, m = n.get("pp_stages"), n.get("pp_microbatches")
+    if not p or not m:
+        return None
+    added = n["compute_ms"] * ((2 * p - 1) / (m + 2 * p - 1) - (p - 1) / (m + p - 1))
+    half = 0.5 * n["memory_ms"]
+    return gain("pp_double_stages", half - added, -added, n["memory_ms"] - added, n["memory_ms"],
+                f"half the memory wall {half:.1f} minus the longer bubble {added:.1f} ms/step (PP {p}->{2 * p}, {m} micro-batches)")
 
 def peak_share(job: Job) -> float | None:
     """The largest peak footprint over GPUs as a share of its card; None when unknown."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .gainmodel import Gain, gain
 from .job import Job
 
 STRAGGLER_BLAME_SHARE = 0.5  # a straggler causes at least half of all blamed delay...
@@ -93,10 +94,28 @@ def _detail(job: Job, j: int, wall: str, excess: float) -> str:
 # job level
 
 # fix gain ceilings (ms per step) from the job numbers; see docs/fixes.md
-GAINS = {"straggler_wait": lambda n: n["straggler_wait_ms"]}
+def _balance(n: dict) -> Gain:
+    """Routing balance spreads the straggler's excess E over all n ranks: the others each waited
+    E (the sum of waits is (n-1)E), the step shrinks by E - E/n = sum/n."""
+    w, k = n["straggler_wait_ms"], max(n["gpus"], 2)
+    # low: half, or nothing where the profile calls the straggler host-bound (routing may not be why)
+    low = w / (2 * k) if n["straggler_reason"] == "imbalance" else 0.0
+    return gain("straggler_balance", w / k, low, w / (k - 1), w,
+                f"others' summed wait {w:.1f} ms/step / {k} ranks (the excess spread over all)")
+
+
+def _host(n: dict) -> Gain:
+    """A host stall is removed, not spread: the step shrinks by the straggler's lateness."""
+    w, k = n["straggler_wait_ms"], max(n["gpus"], 2)
+    return gain("straggler_host", w / (k - 1), w / k, w / (k - 1), w,
+                f"others' summed wait {w:.1f} ms/step / {k - 1} waiting ranks (its lateness)")
+
+
+GAINS = {"straggler_balance": _balance, "straggler_host": _host}
 
 def numbers(job: Job) -> dict:
-    return dict(straggler_wait_ms=sum(s["others_wait_ms_per_step"] for s in job.stragglers))
+    return dict(straggler_wait_ms=sum(s["others_wait_ms_per_step"] for s in job.stragglers), gpus=len(job.records),
+                straggler_reason=job.stragglers[0]["reason"] if job.stragglers else None)
 
 
 def facts(job: Job, numbers: dict) -> dict:

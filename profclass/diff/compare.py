@@ -12,6 +12,7 @@ from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
 from ..pipeline import Diagnosis, _jsonable
 from .causes import attribute
+from .fix_gains import fix_gains
 from .saved import as_diagnosis
 from .stats import ALPHA, MIN_EFFECT, step_test
 
@@ -41,6 +42,7 @@ class DiffResult:
     notes: list[str] = field(default_factory=list)
     pitfalls: list[dict] = field(default_factory=list)  # rules with scope "diff" (data/rules.toml)
     causes: dict | None = None  # wait vs transfer, waiting charged to the waited-for rank's wall (causes.py)
+    fix_gains: list[dict] = field(default_factory=list)  # known fixes applied: predicted vs realized
 
     def to_dict(self) -> dict:
         return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
@@ -290,7 +292,8 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
         verdict=_verdict(step, significant, change, verdict_deltas, components, kernels),
         walls=walls, walls_delta_ms=walls_delta, components=components, kernels=kernels,
         appeared=appeared, vanished=vanished, communication=_communication(b, c),
-        config_changes=_config_changes(b, c), notes=notes, pitfalls=_pair_pitfalls(b, c, mb), causes=causes)
+        config_changes=_config_changes(b, c), notes=notes, pitfalls=_pair_pitfalls(b, c, mb), causes=causes,
+        fix_gains=fix_gains(b, c, mb, mc))
 
 
 def _pair_pitfalls(b: Diagnosis, c: Diagnosis, step_ms: float) -> list[dict]:

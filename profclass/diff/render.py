@@ -4,8 +4,9 @@ from __future__ import annotations
 import io
 
 from ..classify import WALLS
-from ..formatting import p_value, shorten, signed_ms
+from ..formatting import md_cell, p_value, shorten, signed_ms
 from .compare import DiffResult
+from .fix_gains import fix_gain_lines
 
 
 def one_line(r: DiffResult) -> str:
@@ -43,6 +44,8 @@ def render_text(r: DiffResult, width: int = 120, top: int = 12) -> str:
             f"{c['key']}: {c['base']} -> {c['candidate']} ({c['source']})" for c in r.config_changes))
     else:
         con.print("Configuration changes: none visible in the profiles")
+    for line in fix_gain_lines(r.fix_gains):
+        con.print(f"Known fix: {line}")
     for p in r.pitfalls:
         con.print(f"Pitfall ({p['rule']}): {p['message']} Fix: {p['fix']}")
     for n in r.notes:
@@ -145,6 +148,8 @@ def render_markdown(r: DiffResult, top: int = 10) -> str:
     if r.config_changes:
         lines += ["", "**Configuration changes:** " + "; ".join(
             f"`{c['key']}` {c['base']} -> {c['candidate']}" for c in r.config_changes) + "."]
+    for line in fix_gain_lines(r.fix_gains):
+        lines += ["", f"**Known fix:** {md_cell(line)}."]
     for n in r.notes:
         lines += ["", f"Note: {n}."]
     for p in r.pitfalls:

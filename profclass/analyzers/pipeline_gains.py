@@ -1,0 +1,70 @@
+"""Gain models of the pipeline-schedule fixes: interleaving (VPP) and more micro-batches.
+
+They price from the pipeline numbers the layout analyzer measures (``pp_bubble_ms``: time a
+stage sits blocked in a PP send/recv, mean over stages; ``pp_stages``, ``pp_virtual_stages``,
+``pp_microbatches``; ``stage_imbalance_ms``: the slowest stage's extra busy time), read with
+``.get`` so a profile (or a build) without them gets no number rather than a guess. The
+measured bubble is split three ways: the 1F1B schedule's share, (p-1)/(v m + p-1) of the step
+(Narayanan et al. 2021), capped at what was measured; the stage imbalance; and the rest, the
+p2p transfers and their per-message latency, which scale with the number of sends.
+Models: docs/fixes.md ("Gain models").
+"""
+from __future__ import annotations
+
+from .gainmodel import Gain, gain
+
+
+def _theory(p: int, v: int, m: int) -> float:
+    return (p - 1) / (v * m + p - 1)
+
+
+def _split(n: dict) -> tuple[float, float, float, float, int, int, int] | None:
+    """(measured bubble, schedule part, imbalance, p2p part) ms/step and p, v, m; or None when
+    the job is not pipelined or the layout numbers are absent."""
+    bubble, p, m = n.get("pp_bubble_ms"), n.get("pp_stages"), n.get("pp_microbatches")
+    if bubble is None or not p or p < 2 or not m:
+        return None
+    v = int(n.get("pp_virtual_stages") or 1)
+    schedule = min(float(bubble), _theory(p, v, m) * n["step_ms"])
+    imbalance = min(float(n.get("stage_imbalance_ms") or 0.0), float(bubble) - schedule)
+    return float(bubble), schedule, imbalance, float(bubble) - schedule - imbalance, p, v, m
+
+
+def interleave(n: dict) -> Gain | None:
+    """v -> 2v virtual stages: the schedule bubble falls to the 2v share; stage imbalance stays;
+    each activation crosses stages twice as often, so the p2p part doubles."""
+    s = _split(n)
+    if s is None:
+        return None
+    bubble, schedule, imbalance, p2p, p, v, m = s
+    saved = schedule * (1 - _theory(p, 2 * v, m) / _theory(p, v, m))
+    est = saved - p2p
+    # low: the host issues twice the chunk switches and sends; where the GPU already waits for
+    # launches that wait can grow by as much again (launch-late idle), and the p2p part again
+    launch = float(n.get("idle_launch_ms") or 0.0)
+    return gain("pp_interleave", est, est - p2p - launch, saved, bubble,
+                f"schedule bubble {schedule:.1f} of the measured {bubble:.1f} ms/step falls by {saved:.1f} "
+                f"(VPP {v}->{2 * v}, p={p}, m={m}); the p2p part {p2p:.1f} doubles; imbalance {imbalance:.1f} stays")
+
+
+def more_microbatches(n: dict) -> Gain | None:
+    """Twice the micro-batches of the same size: the fill/drain, (p-1) slots, is paid once per
+    2m instead of once per m, and so are the once-per-step DP gradient reduction and optimizer
+    kernels: per the base step's work they halve. The p2p part and imbalance stay."""
+    s = _split(n)
+    if s is None:
+        return None
+    bubble, schedule, imbalance, p2p, p, v, m = s
+    fixed = float(n.get("exposed_dp_ms") or 0.0) + float(n.get("per_step_kernel_ms") or 0.0)
+    return gain("pp_more_microbatches", (schedule + fixed) / 2.0, schedule / 2.0,
+                (schedule + imbalance + fixed) / 2.0, bubble + fixed,
+                f"half the schedule bubble {schedule:.1f} (of the measured {bubble:.1f}) and of the once-per-step "
+                f"DP reduction and optimizer kernels {fixed:.1f} ms/step, per the base step's work (p={p}, m={m} -> {2 * m})")
+
+
+def pipelined(n: dict) -> bool:
+    """Whether the pipeline numbers are there for a pipelined job (the fixes' fact)."""
+    return n.get("pp_bubble_ms") is not None and (n.get("pp_stages") or 1) > 1
+
+
+PP_GAINS = {"pp_interleave": interleave, "pp_more_microbatches": more_microbatches}

@@ -1,0 +1,106 @@
+"""``diff`` closes the loop on fixes: when the candidate differs from the base by a known fix
+(a flag, environment or configuration change, or a kernel family appearing), the gain the
+base profile predicted for that fix stands next to the gain the step realized.
+
+Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
+``data/fixes.toml``, one condition a line (any one detects the fix):
+
+    on:FLAG            FLAG (or environment variable) absent/false on the base, set on the candidate
+    off:FLAG           set on the base, absent (or "0") on the candidate
+    change:KEY=A->B    configuration KEY from A to B
+    up:FLAG            FLAG's number grows; the realized gain is then per the base's work
+                       (the candidate's step x base value / candidate value)
+    kernels:fp8        FP8 GEMM kernels appear
+    library:NAME       a communication library's kernels appear (deepep, hybridep)
+    graphs             CUDA graph launches appear
+"""
+from __future__ import annotations
+
+from ..fixes import load_table, predict_by_id
+
+_ABSENT = (None, False, "0", "false", "False")
+
+
+def _settings(d) -> dict:
+    """Configuration values and command-line flags of one side, one flat dict."""
+    out = {k: (v or {}).get("value") for k, v in d.config.items() if k != "command_line_flags"}
+    out.update((d.config.get("command_line_flags") or {}).get("value") or {})
+    return out
+
+
+def _number(v) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _kernel_signs(d) -> dict:
+    return dict(fp8=any(k["is_fp8"] for k in d.kernels), libraries={k["library"] for k in d.kernels if k["library"]},
+                graphs=any((dv["features"].get("graph_launches") or 0) > 0 for dv in d.devices))
+
+
+def _holds(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
+    """Whether one ``applied_when`` condition holds, and the work ratio (candidate / base)."""
+    kind, _, arg = cond.partition(":")
+    if kind == "on":
+        return sb.get(arg) in _ABSENT and sc.get(arg) not in _ABSENT, 1.0
+    if kind == "off":
+        return sb.get(arg) not in _ABSENT and sc.get(arg) in _ABSENT, 1.0
+    if kind == "change":
+        key, _, move = arg.partition("=")
+        a, _, b = move.partition("->")
+        return str(sb.get(key)) == a and str(sc.get(key)) == b, 1.0
+    if kind == "up":
+        vb, vc = _number(sb.get(arg)), _number(sc.get(arg))
+        return bool(vb and vc and vc > vb), (vc / vb) if vb and vc else 1.0
+    if kind == "kernels":
+        return not kb[arg] and kc[arg], 1.0
+    if kind == "library":
+        return arg not in kb["libraries"] and arg in kc["libraries"], 1.0
+    if kind == "graphs":
+        return not kb["graphs"] and kc["graphs"], 1.0
+    raise ValueError(f"fixes.toml applied_when: unknown condition {cond!r}")
+
+
+def _predicted(fix_id: str, b) -> dict:
+    """The base's prediction: from its numbers when it was diagnosed here, else from its stored
+    fixes list (a saved diagnosis), else unknown."""
+    step = b.window["step_ms"]["mean"]
+    if getattr(b, "numbers", None) is not None:
+        return predict_by_id(fix_id, b.numbers, step)
+    stored = next((f for f in b.fixes if f.get("id") == fix_id), {})
+    return {k: stored.get(k) for k in ("expected_gain_ms", "gain_low_ms", "gain_high_ms", "gain_basis")}
+
+
+def fix_gains(b, c, base_ms: float, candidate_ms: float) -> list[dict]:
+    """One row per known fix the candidate applies: predicted (on the base) next to realized."""
+    sb, sc, kb, kc = _settings(b), _settings(c), _kernel_signs(b), _kernel_signs(c)
+    rows = []
+    for fix in load_table():
+        hits = [(cond, ratio) for cond in fix.get("applied_when", []) for ok, ratio in [_holds(cond, sb, sc, kb, kc)]
+                if ok]
+        if not hits:
+            continue
+        cond, ratio = hits[0]
+        realized = base_ms - candidate_ms / ratio
+        p = _predicted(fix["id"], b)
+        est, lo, hi = p.get("expected_gain_ms"), p.get("gain_low_ms"), p.get("gain_high_ms")
+        rows.append(dict(fix=fix["id"], title=fix["title"], detected_by=cond,
+                         predicted_gain_ms=est, gain_low_ms=lo, gain_high_ms=hi, gain_basis=p.get("gain_basis"),
+                         realized_gain_ms=round(realized, 3),
+                         realized_per="base work" if ratio != 1.0 else "step",
+                         within_range=None if lo is None or hi is None else bool(lo <= realized <= hi)))
+    return rows
+
+
+def fix_gain_lines(rows: list[dict]) -> list[str]:
+    """The rows in words, for the text and Markdown renderers."""
+    out = []
+    for r in rows:
+        pred = ("not priced on the base" if r["predicted_gain_ms"] is None else
+                f"predicted {r['predicted_gain_ms']:.1f} ms/step [{r['gain_low_ms']:.1f}, {r['gain_high_ms']:.1f}]")
+        where = "" if r["within_range"] is None else (" (inside the range)" if r["within_range"] else " (outside the range)")
+        per = " per the base's work" if r["realized_per"] == "base work" else ""
+        out.append(f"{r['title']} ({r['detected_by']}): {pred}; realized {r['realized_gain_ms']:.1f} ms/step{per}{where}")
+    return out

@@ -1,0 +1,185 @@
+"""Predicted gains against before/after runs (issue 15): the validated-gains table of
+docs/fixes.md recomputed from the committed profiles, and the gain models on known numbers."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from conftest import ROOT
+from profclass.analyzers import GAINS
+from profclass.diff import diff, render_text
+from profclass.fixes import load_table, predict
+
+spec = importlib.util.spec_from_file_location("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
+gain_pairs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gain_pairs)
+PP_KEYS = ("pp_bubble_ms", "pp_stages")
+
+
+@pytest.fixture(scope="module")
+def rows(diagnosis):
+    return gain_pairs.rows(diagnosis)
+
+
+def test_docs_table_is_the_one_the_profiles_give(rows):
+    assert gain_pairs.table(rows) in (ROOT / "docs" / "fixes.md").read_text(), \
+        "docs/fixes.md is out of date: python fixtures/gain_pairs.py"
+
+
+def test_pairs_name_real_fixes_and_profiles():
+    c = gain_pairs.corpus()
+    names, fixes = {p["name"] for p in c["profile"]}, {f["id"] for f in load_table()}
+    assert len(c["gain_pair"]) >= 5
+    assert len({p["fix"] for p in c["gain_pair"]}) >= 5, "at least five different fixes"
+    for p in c["gain_pair"]:
+        assert {p["base"], p["candidate"]} <= names and p["fix"] in fixes
+        assert p["realized"] in ("step", "per_microbatch")
+
+
+def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows, diagnosis):
+    """Where a model misses the target, docs/fixes.md says why and its range covers the
+    realized gain; a pair goes unpriced only for want of the layout analyzer's numbers."""
+    doc = (ROOT / "docs" / "fixes.md").read_text().split("**Why the misses.**")[1]
+    for r in rows:
+        p = r["pair"]
+        if r["pred"]["expected_gain_ms"] is None:
+            assert not all(k in diagnosis(p["base"]).numbers for k in PP_KEYS), p
+            continue
+        if not r["ok"]:
+            assert r["covered"], f"{p['base']}: realized {r['realized']:.1f} outside the predicted range"
+            assert f"`{p['base']}`" in doc, f"{p['base']}: the miss is not explained"
+
+
+def test_priced_pairs_meet_the_target_where_captures_are_consistent(rows):
+    """Of the priced pairs, every miss is one docs/fixes.md attributes to the capture or to a
+    host-bound straggler; today 4 of the 7 priced pairs meet the target (5 of 10 with the
+    layout analyzer's pipeline numbers, measured in a trial merge: docs/fixes.md)."""
+    priced = [r for r in rows if r["pred"]["expected_gain_ms"] is not None]
+    assert sum(r["ok"] for r in priced) >= 4
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met: 3 pipeline pairs "
+                   "are unpriced until the layout numbers merge, 3 misses explained in docs/fixes.md")
+def test_issue_target_80_percent_of_pairs(rows):
+    assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
+
+
+def _numbers(**over) -> dict:
+    base = dict(step_ms=100.0, compute_ms=60.0, gemm_ms=30.0, sm_busy=1.0, fusible_ms=10.0, comm_wait_ms=0.0,
+                exposed_ep_ms=0.0, exposed_dp_ms=0.0, exposed_dp_transfer_ms=0.0, dp_reductions_per_step=0.0,
+                slow_fabric=False, num_layers=None, straggler_wait_ms=0.0, gpus=4, straggler_reason=None,
+                idle_sync_ms=0.0, idle_launch_ms=0.0, idle_alloc_ms=0.0, gc_ms=0.0, host_ms=0.0,
+                host_rank_ms=None, pp_from_flags=1, recompute_ms=0.0, selective_keep_ms=0.0, offload_ms=0.0, memory_ms=0.0)
+    return {**base, **over}
+
+
+def test_pipeline_models_price_only_with_the_layout_numbers():
+    assert GAINS["pp_interleave"](_numbers()) is None
+    # not pipelined (the layout analyzer reports a 0 bubble and one stage): no price either
+    assert GAINS["pp_interleave"](_numbers(pp_bubble_ms=0.0, pp_stages=1, pp_microbatches=4)) is None
+    # p=4, m=4, v=1, step 100: theory bubble 3/7 -> 42.9 ms of the measured 60; imbalance 10;
+    # the p2p part 7.1. VPP 2 takes the schedule part to 3/11 of the step (saves 15.6) and
+    # doubles the p2p part: 15.6 - 7.1
+    n = _numbers(pp_bubble_ms=60.0, pp_stages=4, pp_virtual_stages=1, pp_microbatches=4, stage_imbalance_ms=10.0)
+    g = GAINS["pp_interleave"](n)
+    schedule, p2p = 300 / 7, 60 - 300 / 7 - 10
+    saved = schedule * (1 - (3 / 11) / (3 / 7))
+    assert g.estimate_ms == pytest.approx(saved - p2p)
+    assert g.low_ms == pytest.approx(saved - 2 * p2p) and g.high_ms == pytest.approx(saved) and g.ceiling_ms == 60.0
+    # a launch-bound job: the doubled chunk switches can cost up to the launch-late idle again
+    assert GAINS["pp_interleave"]({**n, "idle_launch_ms": 20.0}).low_ms == pytest.approx(saved - 2 * p2p - 20)
+    # a large p2p part outweighs what interleaving saves: it predicts a loss
+    assert GAINS["pp_interleave"]({**n, "pp_bubble_ms": 90.0, "stage_imbalance_ms": 0.0}).estimate_ms < 0
+    assert GAINS["pp_more_microbatches"](n).estimate_ms == pytest.approx(schedule / 2)
+    # the once-per-step DP reduction is shared by twice the work too
+    assert GAINS["pp_more_microbatches"]({**n, "exposed_dp_ms": 8.0}).estimate_ms == pytest.approx((schedule + 8) / 2)
+
+
+def test_dp_overlap_pipelines_reductions_behind_backward():
+    # T = 30 ms of exposed reduction, backward 40 ms, 4 layers: starts after 10 ms of backward,
+    # the last layer's 7.5 ms runs after it: exposed max(30 - 30, 7.5) = 7.5, gain 22.5
+    n = _numbers(compute_ms=60.0, exposed_dp_transfer_ms=30.0, exposed_dp_ms=32.0, num_layers=4,
+                 dp_reductions_per_step=2.0)
+    g = GAINS["dp_overlap"](n)
+    assert g.estimate_ms == pytest.approx(22.5 - 2 * 0.02)
+    assert g.low_ms < 0  # overlap can cost: NCCL's SMs come from the backward
+    # more reduction than backward to hide it under: bounded by the backward after the first layer
+    assert GAINS["dp_overlap"]({**n, "exposed_dp_transfer_ms": 80.0}).estimate_ms == pytest.approx(30 - 0.04)
+
+
+def test_straggler_models_spread_or_remove_the_lateness():
+    n = _numbers(straggler_wait_ms=90.0, gpus=4, straggler_reason="imbalance")
+    assert GAINS["straggler_balance"](n).estimate_ms == pytest.approx(22.5)  # 3 x 30 waited, spread over 4
+    assert GAINS["straggler_host"](n).estimate_ms == pytest.approx(30.0)
+    assert GAINS["straggler_balance"]({**n, "straggler_reason": "host"}).low_ms == 0.0
+
+
+def test_recompute_scales_with_what_a_forward_costs_the_step():
+    n = _numbers(recompute_ms=20.0, compute_ms=50.0, step_ms=100.0)
+    assert GAINS["recompute_off"](n).estimate_ms == pytest.approx(40.0)
+    # the memory analyzer's measured recompute spans already hold their launches and dispatch:
+    # taken as they are, not scaled again
+    g = GAINS["recompute_off"]({**n, "recompute_measured_ms": 30.0})
+    assert (g.estimate_ms, g.low_ms, g.high_ms) == pytest.approx((30.0, 15.0, 60.0))
+
+
+def test_unpriced_fix_is_null_never_zero():
+    fix = next(f for f in load_table() if f["id"] == "host_cpu_affinity")
+    out = predict(fix, _numbers(), 100.0)
+    assert out["expected_gain_ms"] is None and out["gain_high_ms"] is None and "not priced" in out["gain_basis"]
+    ranked = predict(fix, _numbers(host_rank_ms=[10.0, 12.0, 11.0, 20.0]), 100.0)
+    assert ranked["expected_gain_ms"] == pytest.approx(20.0 - 11.5) and ranked["gain_high_ms"] == 10.0
+    # pipeline stages do different host work by design: their spread is not misplacement
+    assert predict(fix, _numbers(host_rank_ms=[10.0, 20.0], pp_from_flags=4), 100.0)["expected_gain_ms"] is None
+
+
+def test_every_model_in_the_tables_exists():
+    for f in load_table():
+        if f.get("gain"):
+            assert f["gain"] in GAINS, f["id"]
+
+
+@pytest.mark.parametrize("pair", gain_pairs.corpus()["gain_pair"], ids=lambda p: f"{p['base']}->{p['candidate']}")
+def test_diff_states_the_predicted_gain_of_the_fix_the_pair_applies(pair, diagnosis):
+    b, c = diagnosis(pair["base"]), diagnosis(pair["candidate"])
+    r = diff(b, c)
+    row = next((f for f in r.fix_gains if f["fix"] == pair["fix"]), None)
+    assert row is not None, f"diff did not recognise {pair['fix']} in {[f['fix'] for f in r.fix_gains]}"
+    want = predict(next(f for f in load_table() if f["id"] == pair["fix"]), b.numbers, b.window["step_ms"]["mean"])
+    assert row["predicted_gain_ms"] == want["expected_gain_ms"]
+    scale = 2.0 if pair["realized"] == "per_microbatch" else 1.0
+    assert row["realized_gain_ms"] == pytest.approx(r.step["base_ms"] - r.step["candidate_ms"] / scale, abs=0.01)
+    assert (row["realized_per"] == "base work") == (scale != 1.0)
+    assert f"Known fix: {row['title']}" in render_text(r, width=400)
+
+
+def test_diff_of_a_run_against_itself_names_no_fix(diagnosis):
+    d = diagnosis("mcore_ep4_base")
+    assert diff(d, d).fix_gains == []
+
+
+def test_diff_reads_the_prediction_of_a_saved_base(diagnosis, tmp_path):
+    b, c = diagnosis("mcore_ep4_unbalanced"), diagnosis("mcore_ep4_base")
+    saved = tmp_path / "base.json"
+    saved.write_text(b.to_json())
+    row = next(f for f in diff(str(saved), c).fix_gains if f["fix"] == "ep_balance_routing")
+    stored = next((f for f in b.fixes if f["id"] == "ep_balance_routing"), None)
+    # a stored diagnosis carries only the fixes it listed: their prediction, else unknown (null)
+    assert row["predicted_gain_ms"] == (stored["expected_gain_ms"] if stored else None)
+
+
+def test_a_plain_number_is_a_ceiling_claimed_as_such():
+    from profclass.analyzers.gainmodel import as_gain
+
+    g = as_gain("some_time", 12.0)
+    assert (g.estimate_ms, g.low_ms, g.high_ms, g.ceiling_ms) == (12.0, 0.0, 12.0, 12.0)
+    assert g.basis.startswith("some_time: ceiling only") and as_gain("x", None) is None
+
+
+def test_gain_text_without_a_step_share():
+    from profclass.fixes import gain_text
+
+    f = dict(expected_gain_ms=3.0, expected_gain_pct=None, gain_low_ms=1.0, gain_high_ms=4.0)
+    assert gain_text(f) == "~3.0 ms/step, range 1.0 to 4.0"
+    assert gain_text({**f, "expected_gain_ms": None}) == "gain not priced"
