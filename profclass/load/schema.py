@@ -61,6 +61,14 @@ def pid_expr(col: str) -> str:
     return f"(({col} >> 24) & 16777215)"
 
 
+def pid_filter(col: str | None, pid: int | None) -> str:
+    """An ``AND`` clause keeping one process's rows (``col``: its globalPid/globalTid column);
+    empty when reading every process. The pid is an int formatted here, never text."""
+    if pid is None or col is None:
+        return ""
+    return f" AND {pid_expr(col)} = {int(pid)}"
+
+
 def column_or(cols: set, name: str, alias: str, default: str = "0") -> str:
     """SQL for ``alias.name`` where the table has that column (NULL read as ``default``), else
     ``default``."""
