@@ -53,8 +53,8 @@ def read_kernels(con, s: Schema, strings: str | None, missing: list, pid: int | 
            f"{pid_expr('k.globalPid') if 'globalPid' in c else '0'}, {column_or(c, 'streamId', 'k')}, "
            f"{column_or(c, 'correlationId', 'k')}, {column_or(c, short, 'k', '-1') if short else '-1'}, "
            f"{column_or(c, full, 'k', '-1') if full else '-1'}, {grid}, {block}, "
-           f"{column_or(c, 'graphNodeId', 'k')} FROM {s.t(T)} k WHERE k.end >= k.start"
-           f"{pid_filter('k.globalPid' if 'globalPid' in c else None, pid)}")
+           f"{column_or(c, 'graphNodeId', 'k')} FROM {s.t(T)} k "
+           f"WHERE {pid_filter('k.globalPid' if 'globalPid' in c else None, pid)}k.end >= k.start")
     df = query(con, sql, dict(KERNEL_COLS, name="int64", full_name="int64"))
     # names travel as string ids and are mapped once per distinct id, not once per row
     names: dict[int, str] = {}
@@ -100,7 +100,7 @@ def read_memcpy(con, s: Schema, missing: list, pid: int | None = None) -> pd.Dat
     host_kind = ("CASE WHEN m.copyKind=1 THEN m.srcKind WHEN m.copyKind=2 THEN m.dstKind ELSE -1 END"
                  if {"srcKind", "dstKind", "copyKind"} <= c else "-1")
     sql = (f"SELECT {_copy_columns(c)}, {column_or(c, 'copyKind', 'm')}, "
-           f"{host_kind} FROM {s.t(T)} m WHERE m.end >= m.start{_copy_pid(c, pid)}")
+           f"{host_kind} FROM {s.t(T)} m WHERE {_copy_pid(c, pid)}m.end >= m.start")
     df = query(con, sql, dict(MEMCPY_COLS, kind="int64", pinned="int64"))
     df["kind"] = df["kind"].map(KIND_NAMES).fillna("other")
     df["pinned"] = df["pinned"] == PINNED_KIND
@@ -112,7 +112,7 @@ def read_memset(con, s: Schema, missing: list, pid: int | None = None) -> pd.Dat
     c = _columns_if(s, T, ("start", "end"), missing, "memset (CUPTI_ACTIVITY_KIND_MEMSET)")
     if c is None:
         return empty_frame(MEMSET_COLS)
-    sql = f"SELECT {_copy_columns(c)} FROM {s.t(T)} m WHERE m.end >= m.start{_copy_pid(c, pid)}"
+    sql = f"SELECT {_copy_columns(c)} FROM {s.t(T)} m WHERE {_copy_pid(c, pid)}m.end >= m.start"
     return query(con, sql, MEMSET_COLS)
 
 
@@ -144,7 +144,7 @@ def read_runtime(con, s: Schema, strings: str | None, missing: list,
     tid = "r.globalTid" if "globalTid" in c else "0"
     sql = (f"SELECT r.start, r.end, {pid_expr(tid)}, ({tid} & 16777215), "
            f"{column_or(c, 'correlationId', 'r')}, r.{name_col} FROM {s.t(T)} r "
-           f"WHERE r.end >= r.start AND {where}{pid_filter('r.globalTid' if 'globalTid' in c else None, pid)}")
+           f"WHERE {pid_filter('r.globalTid' if 'globalTid' in c else None, pid)}{where} AND r.end >= r.start")
     df = query(con, sql, dict(RUNTIME_COLS, name="int64"))
     # names travel as string ids and are mapped once per distinct id
     ids = df["name"].to_numpy()
@@ -207,8 +207,8 @@ def _nvtx_sql(s: Schema, strings: str | None, missing: list, pid: int | None) ->
     et = f"n.eventType IN ({types}) AND " if "eventType" in c else ""
     end = "n.end" if "end" in c else "n.start"
     return (f"SELECT n.start, {end}, {pid_expr(tid)}, ({tid} & 16777215), {text}, {dom} "
-            f"FROM {s.t(T)} n WHERE {et}{end} IS NOT NULL AND {end} >= n.start"
-            f"{pid_filter('n.globalTid' if 'globalTid' in c else None, pid)}")
+            f"FROM {s.t(T)} n WHERE {pid_filter('n.globalTid' if 'globalTid' in c else None, pid)}"
+            f"{et}{end} IS NOT NULL AND {end} >= n.start")
 
 
 def read_gpus(con, s: Schema, missing: list) -> pd.DataFrame:
@@ -265,8 +265,8 @@ def read_memory_events(con, s: Schema, missing: list, pid: int | None = None) ->
     kind = "AND memKind=2" if "memKind" in c else ""
     sql = (f"SELECT start, {pid_expr('globalPid') if 'globalPid' in c else '0'}, "
            f"{'deviceId' if 'deviceId' in c else '0'}, "
-           f"CASE WHEN memoryOperationType=0 THEN bytes ELSE -bytes END FROM {s.t(T)} WHERE 1=1 {kind}"
-           f"{pid_filter('globalPid' if 'globalPid' in c else None, pid)}")
+           f"CASE WHEN memoryOperationType=0 THEN bytes ELSE -bytes END FROM {s.t(T)} "
+           f"WHERE {pid_filter('globalPid' if 'globalPid' in c else None, pid)}1=1 {kind}")
     return query(con, sql, MEMEV_COLS)
 
 
