@@ -166,7 +166,14 @@ def read_nvtx(con, s: Schema, strings: str | None, missing: list, pid: int | Non
     if sql is None:
         return empty_frame(NVTX_COLS)
     c = s.columns["NVTX_EVENTS"]
-    df = query(con, sql, dict(NVTX_COLS, domain="int64"))
+    by_id = "textId" in c and strings
+    cols = dict(NVTX_COLS, domain="int64")
+    if by_id:  # registered strings travel as ids: looked up once per distinct id, not per row
+        cols = dict(start="int64", end="int64", pid="int64", tid="int64", text="object", text_id="int64",
+                    domain="int64")
+    df = query(con, sql, cols)
+    if by_id:
+        _texts_from_ids(con, strings, df)
     domains = {0: ""}
     if "eventType" in c and "domainId" in c and "text" in c:
         for dom_id, name in con.execute(
@@ -177,6 +184,20 @@ def read_nvtx(con, s: Schema, strings: str | None, missing: list, pid: int | Non
     if df.empty and pid is None:
         missing.append(NVTX_EMPTY)
     return df
+
+
+def _texts_from_ids(con, strings: str, df: pd.DataFrame) -> None:
+    """Fill ``text`` where it is null from the string table by ``text_id`` (-1: none), as
+    ``coalesce(text, (SELECT value FROM strings WHERE id = textId))`` would; drops ``text_id``."""
+    ids = df.pop("text_id").to_numpy(np.int64)
+    text = df["text"].to_numpy(object, na_value=None).copy()
+    need = pd.isna(text) & (ids >= 0)
+    if need.any():
+        uniq, inv = np.unique(ids[need], return_inverse=True)
+        found = dict(con.execute(f"SELECT id, value FROM {strings} WHERE id IN ({','.join(str(int(i)) for i in uniq)})"))
+        text[need] = np.array([found.get(int(i)) for i in uniq], dtype=object)[inv]
+    # the dtype the transport gives a text column: str, or object where a value is null
+    df["text"] = pd.Series(text, index=df.index, dtype=object if pd.isna(text).any() else "str")
 
 
 NVTX_EMPTY = "NVTX ranges (NVTX_EVENTS empty)"
@@ -193,14 +214,9 @@ def _nvtx_sql(s: Schema, strings: str | None, missing: list, pid: int | None) ->
     c = _columns_if(s, T, ("start",), missing, "NVTX ranges (NVTX_EVENTS)")
     if c is None:
         return None
-    if "text" in c and "textId" in c and strings:
-        text = f"coalesce(n.text, (SELECT value FROM {strings} WHERE id=n.textId))"
-    elif "text" in c:
-        text = "n.text"
-    elif "textId" in c and strings:
-        text = f"(SELECT value FROM {strings} WHERE id=n.textId)"
-    else:
-        text = "NULL"
+    text = "n.text" if "text" in c else "NULL"
+    if "textId" in c and strings:
+        text += ", coalesce(n.textId, -1)"  # see _texts_from_ids
     tid = "n.globalTid" if "globalTid" in c else "0"
     dom = "coalesce(n.domainId, 0)" if "domainId" in c else "0"
     types = ",".join(str(t) for t in NVTX_RANGE_TYPES)
