@@ -310,7 +310,7 @@ def main(argv=None) -> int:
     if args.startup_only:
         args.sizes = ""
         args.no_loaders = True
-    sizes = sorted(args.sizes.split(",") if args.sizes else [], key=lambda s: (s[-1], float(s[:-1])))
+    sizes = sorted(args.sizes.split(",") if args.sizes else [], key=lambda s: float(s[:-1]) * (1024 if s[-1] == "G" else 1))
     if not sizes:
         _write(args.out, lines)
         return 0

@@ -1,0 +1,58 @@
+"""One process at a time (``load_by_process``) on real multi-process exports: each pass holds
+exactly its process's rows of what ``load`` reads at once, and nothing else."""
+import os
+import stat
+
+import pandas as pd
+import pytest
+import zstandard
+
+from conftest import profile_path
+from profclass.load import load, load_by_process
+from profclass.ranks import API_CALLS_USED
+
+PER_PROCESS = ("kernels", "memcpy", "memset", "runtime", "nvtx", "memory_events")
+
+
+def _export(tmp_path, name):
+    src = profile_path(name)
+    dst = tmp_path / (src.name[:-4] if src.name.endswith(".zst") else src.name)
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        zstandard.ZstdDecompressor().copy_stream(fi, fo)
+    os.chmod(dst, stat.S_IRUSR | stat.S_IRGRP)  # a reader that tried to write would fail
+    return str(dst)
+
+
+def _plain(df: pd.DataFrame) -> pd.DataFrame:
+    # a pass's categoricals list the names its process uses, the whole file's list all of them
+    return df.astype({c: str for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)}
+                     ).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("name", ["dpoverlap_4gpu", "mcore_pp2_ep2_m4", "mcore_memwall_full"])
+def test_passes_partition_the_whole_load(tmp_path, name):
+    path = _export(tmp_path, name)
+    whole = load(path, API_CALLS_USED)
+    passes = list(load_by_process(path, API_CALLS_USED))
+    pids = sorted(whole.kernels["pid"].unique())
+    assert len(pids) > 1 and [sorted(p.kernels["pid"].unique()) for p in passes] == [[q] for q in pids]
+    for table in PER_PROCESS:
+        full = getattr(whole, table)
+        for pid, p in zip(pids, passes):
+            pd.testing.assert_frame_equal(_plain(getattr(p, table)), _plain(full[full["pid"] == pid]),
+                                          check_index_type=False)
+    for p in passes:
+        assert p.file_devices["device"].tolist() == sorted(whole.kernels["device"].unique())
+        assert set(p.missing) == set(whole.missing)
+        assert (p.command, p.env, p.nsys_version) == (whole.command, whole.env, whole.nsys_version)
+        pd.testing.assert_frame_equal(p.gpus, whole.gpus)
+        pd.testing.assert_frame_equal(p.gpu_metrics, whole.gpu_metrics)
+
+
+def test_one_process_file_is_one_load(tmp_path):
+    path = _export(tmp_path, "compute_1gpu")
+    (only,) = list(load_by_process(path, API_CALLS_USED))
+    whole = load(path, API_CALLS_USED)
+    assert only.file_devices is None
+    for table in PER_PROCESS:
+        pd.testing.assert_frame_equal(getattr(only, table), getattr(whole, table))
