@@ -19,7 +19,7 @@ def _export(tmp_path, name):
     dst = tmp_path / (src.name[:-4] if src.name.endswith(".zst") else src.name)
     with open(src, "rb") as fi, open(dst, "wb") as fo:
         zstandard.ZstdDecompressor().copy_stream(fi, fo)
-    os.chmod(dst, stat.S_IRUSR | stat.S_IRGRP)  # a reader that tried to write would fail
+    os.chmod(dst, stat.S_IRUSR | stat.S_IRGRP)  # not as root, a reader that tried to write would fail
     return str(dst)
 
 
@@ -56,3 +56,36 @@ def test_one_process_file_is_one_load(tmp_path):
     assert only.file_devices is None
     for table in PER_PROCESS:
         pd.testing.assert_frame_equal(getattr(only, table), getattr(whole, table))
+
+
+def test_streamed_diagnosis_leaves_the_input_alone(tmp_path):
+    import hashlib
+
+    from profclass.pipeline import diagnose
+    path = _export(tmp_path, "dpoverlap_4gpu")
+    before = (hashlib.sha256(open(path, "rb").read()).hexdigest(), sorted(os.listdir(tmp_path)))
+    d = diagnose(path)
+    assert len(d.devices) == 4
+    assert (hashlib.sha256(open(path, "rb").read()).hexdigest(), sorted(os.listdir(tmp_path))) == before
+
+
+def test_locked_multi_process_export_is_one_error(tmp_path, monkeypatch):
+    import shutil
+    import sqlite3
+
+    from profclass.errors import ProfileError
+    from profclass.load import transport
+    from profclass.pipeline import diagnose
+    f = tmp_path / "being_written.sqlite"
+    shutil.copyfile(_export(tmp_path, "dpoverlap_4gpu"), f)
+    f.chmod(0o644)
+    monkeypatch.setattr(transport, "BUSY_TIMEOUT_S", 0.2)
+    writer = sqlite3.connect(f, isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")
+    writer.execute("CREATE TABLE still_writing (x)")
+    try:
+        with pytest.raises(ProfileError, match="database is locked"):
+            diagnose(str(f))
+    finally:
+        writer.execute("COMMIT")
+        writer.close()
