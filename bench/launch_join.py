@@ -13,10 +13,10 @@ Read-only URI; nothing is written to the file.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from urllib.parse import quote
-import os
 
 import adbc_driver_sqlite.dbapi as adbc
 
@@ -37,7 +37,8 @@ def main(path: str) -> int:
     pids = fetch(con, "SELECT DISTINCT (globalPid >> 24) & 16777215 FROM CUPTI_ACTIVITY_KIND_KERNEL").column(0)
     launches = ("SELECT correlationId, start, end FROM CUPTI_ACTIVITY_KIND_RUNTIME "
                 "WHERE ((globalTid >> 24) & 16777215) = {pid} AND nameId IN ({ids})")
-    kernels = "SELECT start, end, correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE ((globalPid >> 24) & 16777215) = {pid}"
+    kernels = ("SELECT start, end, correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL "
+               "WHERE ((globalPid >> 24) & 16777215) = {pid}")
     total = {"sql_join": 0.0, "two_reads": 0.0}
     for pid in pids.to_pylist():
         t = time.perf_counter()
@@ -48,7 +49,8 @@ def main(path: str) -> int:
         k = fetch(con, kernels.format(pid=pid))
         r = fetch(con, launches.format(pid=pid, ids=ids))
         total["two_reads"] += time.perf_counter() - t
-        print(f"pid {pid}: {joined.num_rows} joined rows; {k.num_rows} kernels + {r.num_rows} launch calls", flush=True)
+        print(f"pid {pid}: {joined.num_rows} joined rows; {k.num_rows} kernels + {r.num_rows} launch calls",
+              flush=True)
     con.close()
     for name, s in total.items():
         print(f"{name}: {s:.2f} s over {len(pids)} processes")

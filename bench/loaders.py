@@ -125,13 +125,20 @@ def _adbc_rowid_ranges(path: str) -> int:
     return rows
 
 
-def _duckdb_sqlite(path: str) -> int:
+def _duckdb_attached(path: str):
+    """A DuckDB connection with the export attached read-only as ``nsys`` (the scanner
+    extension loaded from its wheel: no download)."""
     import duckdb
     import duckdb_extension_sqlite_scanner as ext
     ext_dir = os.path.join(os.path.dirname(ext.__file__), "extensions")
     con = duckdb.connect()
     con.execute(f"LOAD '{_find(ext_dir, 'sqlite_scanner.duckdb_extension')}'")
     con.execute(f"ATTACH '{os.path.abspath(path)}' AS nsys (TYPE sqlite, READ_ONLY)")
+    return con
+
+
+def _duckdb_sqlite(path: str) -> int:
+    con = _duckdb_attached(path)
     rows = 0
     for q in QUERIES.values():
         sql = q.replace(" end,", ' "end",').replace("FROM CUPTI", "FROM nsys.CUPTI")
@@ -152,7 +159,8 @@ def _find(root: str, name: str) -> str:
 def _adbc_per_process(path: str) -> int:
     import sqlite3
     con = sqlite3.connect(uri(path), uri=True)
-    pids = [r[0] for r in con.execute("SELECT DISTINCT (globalPid >> 24) & 16777215 FROM CUPTI_ACTIVITY_KIND_KERNEL")]
+    pids = [r[0] for r in con.execute("SELECT DISTINCT (globalPid >> 24) & 16777215 "
+                                      "FROM CUPTI_ACTIVITY_KIND_KERNEL")]
     con.close()
     rows = 0
     for pid in pids:
@@ -180,11 +188,7 @@ def readonly_ok(name: str, path: str) -> str:
             cur.close()
             con.close()
     if name == "duckdb_sqlite":
-        import duckdb
-        import duckdb_extension_sqlite_scanner as ext
-        con = duckdb.connect()
-        con.execute(f"LOAD '{_find(os.path.join(os.path.dirname(ext.__file__), 'extensions'), 'sqlite_scanner.duckdb_extension')}'")
-        con.execute(f"ATTACH '{os.path.abspath(path)}' AS nsys (TYPE sqlite, READ_ONLY)")
+        con = _duckdb_attached(path)
         try:
             con.execute("CREATE TABLE nsys.profclass_probe (x INTEGER)")
             return "NO: wrote to the file"

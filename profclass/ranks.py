@@ -109,7 +109,8 @@ def summarise_profile(prof, source: int, iteration_regex: str | None,
     """timeline -> iterations -> per-GPU analyzers for one loaded export."""
     ops = build_ops(prof)
     # distinct rows first: text of a few rows, not of every op (the same rows either way)
-    config_ops = ops[CONFIG_COLUMNS].drop_duplicates().astype({"library": str, "collective": str}).drop_duplicates()
+    config_ops = (ops[CONFIG_COLUMNS].drop_duplicates().astype({"library": str, "collective": str})
+                  .drop_duplicates())
     # the per-table frames are in ops now; analyzers read only these small ones of the profile
     prof.kernels = (prof.file_devices if prof.file_devices is not None
                     else prof.kernels[["device"]].drop_duplicates())

@@ -38,7 +38,8 @@ from .tables import (NVTX_EMPTY, nvtx_empty, read_gpu_metrics, read_gpus, read_k
                      read_memory_events, read_memset, read_meta, read_nvtx, read_runtime)
 from .transport import BUSY_TIMEOUT_S, LOADER, SQLITE_FAILURES, connect_readonly, sqlite_problem
 
-__all__ = ["BUSY_TIMEOUT_S", "LOADER", "SQLITE_FAILURES", "RawProfile", "Schema", "connect_readonly", "load", "load_by_process"]
+__all__ = ["BUSY_TIMEOUT_S", "LOADER", "SQLITE_FAILURES", "RawProfile", "Schema", "connect_readonly", "load",
+           "load_by_process"]
 
 
 def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
@@ -98,7 +99,8 @@ def load_by_process(path: str, api_names: re.Pattern | None = None) -> Iterator[
 
 def _with_shared(shared: RawProfile, frames: dict, missing: list[str]) -> RawProfile:
     # popped out of the read's result, so nothing here holds this process's rows after the caller drops them
-    prof = RawProfile(path=shared.path, **{k: frames.pop(k) for k in list(frames)}, gpus=shared.gpus, gpu_metrics=shared.gpu_metrics,
+    prof = RawProfile(path=shared.path, **{k: frames.pop(k) for k in list(frames)}, gpus=shared.gpus,
+                      gpu_metrics=shared.gpu_metrics,
                       command=list(shared.command), env=dict(shared.env), nsys_version=shared.nsys_version,
                       session_start_ns=shared.session_start_ns,
                       missing=missing + [m for m in shared.missing if m not in missing],
@@ -165,7 +167,8 @@ def _read_process(path, con, schema, strings, api_names, pid, missing) -> dict:
     return frames
 
 
-def _read_runtime_apart(path: str, api_names: re.Pattern | None, pid: int | None) -> tuple[pd.DataFrame, list[str]]:
+def _read_runtime_apart(path: str, api_names: re.Pattern | None,
+                        pid: int | None) -> tuple[pd.DataFrame, list[str]]:
     """``read_runtime`` on a connection of its own (for the loader's second thread)."""
     con = connect_readonly(path)
     try:

@@ -194,7 +194,8 @@ def _texts_from_ids(con, strings: str, df: pd.DataFrame) -> None:
     need = pd.isna(text) & (ids >= 0)
     if need.any():
         uniq, inv = np.unique(ids[need], return_inverse=True)
-        found = dict(con.execute(f"SELECT id, value FROM {strings} WHERE id IN ({','.join(str(int(i)) for i in uniq)})"))
+        wanted = ",".join(str(int(i)) for i in uniq)
+        found = dict(con.execute(f"SELECT id, value FROM {strings} WHERE id IN ({wanted})"))
         text[need] = np.array([found.get(int(i)) for i in uniq], dtype=object)[inv]
     # the dtype the transport gives a text column: str, or object where a value is null
     df["text"] = pd.Series(text, index=df.index, dtype=object if pd.isna(text).any() else "str")
