@@ -167,8 +167,9 @@ def _summarise_sqlite(given, sqlite, source, iteration_regex, keep_timelines) ->
     meta = parts[0].meta
     meta.missing = list(dict.fromkeys(m for p in parts for m in p.meta.missing))
     config_ops = pd.concat([p.config_ops for p in parts], ignore_index=True).drop_duplicates()
-    return FileSummary(meta=meta, gpus=[g for p in parts for g in p.gpus],
-                       config_ops=config_ops.reset_index(drop=True))
+    # in (pid, device) order, as one pass over the whole file gives them
+    gpus = sorted((g for p in parts for g in p.gpus), key=lambda g: (g.pid, g.device))
+    return FileSummary(meta=meta, gpus=gpus, config_ops=config_ops.reset_index(drop=True))
 
 
 def assign_ranks(gpus: list[GpuSummary], profiles: list[ProfileMeta], hints) -> None:

@@ -63,38 +63,51 @@ def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
 
 
 def load_by_process(path: str, api_names: re.Pattern | None = None) -> Iterator[RawProfile]:
-    """The export one process at a time: a ``RawProfile`` per process with kernels (in pid
-    order), holding only that process's rows, plus the file-wide GPU properties, metrics and
-    metadata (shared by all). The next process is read in a thread while the caller works on
-    the current one, so at most two processes' rows are in memory, whatever the file's size.
+    """The export one process at a time: a ``RawProfile`` per process with kernels, holding
+    only that process's rows, plus the file-wide GPU properties, metrics and metadata (shared
+    by all). The next process is read in a thread while the caller works on the current one,
+    so at most two processes' rows are in memory, whatever the file's size.
 
-    A file with one process (or without process ids) comes as one ``load``.
+    Order: the first process the kernel scan meets (read while the scan goes on to find the
+    others, so a one-process file costs no extra pass), then the others by pid. A file whose
+    kernels carry no process ids (or that has no kernels) comes as one ``load``.
     """
     con, schema, strings = _open(path)
     try:
-        try:
-            pids, devices = _processes(con, schema)
-            if len(pids) < 2:
-                yield load(path, api_names)
-                return
-            shared = RawProfile(path=path, kernels=devices, memcpy=None, memset=None, runtime=None,
-                                nvtx=None, gpus=None, gpu_metrics=None, memory_events=None)
-            shared.gpus = read_gpus(con, schema, shared.missing)
-            shared.gpu_metrics = read_gpu_metrics(con, schema, shared.missing)
-            if nvtx_empty(con, schema, strings):  # a pass sees only its own process's ranges
-                shared.missing.append(NVTX_EMPTY)
-            read_meta(con, schema, shared)
-        except SQLITE_FAILURES as exc:
-            raise ProfileError(path, sqlite_problem(exc)) from None
         with ThreadPoolExecutor(1) as pool:
-            ahead = pool.submit(_read_one_process, path, api_names, pids[0])
-            for nxt in pids[1:] + [None]:
+            try:
+                scan = _process_scan(con, schema)
+                first = scan.fetchone() if scan is not None else None
+                if first is None:
+                    yield load(path, api_names)
+                    return
+                ahead = pool.submit(_read_one_process, path, api_names, int(first[0]))
+                rows = [first, *scan.fetchall()]  # sqlite3 steps without the GIL: beside that read
+                shared = _shared(con, schema, strings, path, rows)
+            except SQLITE_FAILURES as exc:
+                raise ProfileError(path, sqlite_problem(exc)) from None
+            others = sorted({int(p) for p, _ in rows} - {int(first[0])})
+            for nxt in others + [None]:
                 current = ahead
                 if nxt is not None:  # queued behind the current read, runs while the caller works
                     ahead = pool.submit(_read_one_process, path, api_names, nxt)
                 yield _with_shared(shared, *current.result())
     finally:
         con.close()
+
+
+def _shared(con, schema: Schema, strings: str | None, path: str, rows: list) -> RawProfile:
+    """What every process's pass shares: GPU properties and metrics, metadata, whether the
+    file has NVTX ranges at all, and (as ``kernels``) every device with kernels."""
+    devices = pd.DataFrame({"device": pd.Series(sorted({int(d) for _, d in rows}), dtype="int64")})
+    shared = RawProfile(path=path, kernels=devices, memcpy=None, memset=None, runtime=None, nvtx=None,
+                        gpus=None, gpu_metrics=None, memory_events=None)
+    shared.gpus = read_gpus(con, schema, shared.missing)
+    shared.gpu_metrics = read_gpu_metrics(con, schema, shared.missing)
+    if nvtx_empty(con, schema, strings):  # a pass sees only its own process's ranges
+        shared.missing.append(NVTX_EMPTY)
+    read_meta(con, schema, shared)
+    return shared
 
 
 def _with_shared(shared: RawProfile, frames: dict, missing: list[str]) -> RawProfile:
@@ -126,17 +139,15 @@ def _open(path: str):
         raise
 
 
-def _processes(con, schema: Schema) -> tuple[list[int], pd.DataFrame]:
-    """The processes with kernels (sorted), and every device with kernels (as ``read_kernels``
-    keeps them); no processes where the kernel table has no process ids."""
+def _process_scan(con, schema: Schema):
+    """A cursor over the distinct (process, device) pairs with kernels (as ``read_kernels``
+    keeps them), or None where the kernel table has no process ids."""
     T = "CUPTI_ACTIVITY_KIND_KERNEL"
     if not schema.has(T, "start", "end", "globalPid"):
-        return [], pd.DataFrame({"device": pd.Series([], dtype="int64")})
+        return None
     dev = column_or(schema.columns[T], "deviceId", "k")
-    rows = con.execute(f"SELECT DISTINCT {pid_expr('k.globalPid')}, {dev} FROM {schema.t(T)} k "
-                       "WHERE k.end >= k.start").fetchall()
-    devices = sorted({int(d) for _, d in rows})
-    return sorted({int(p) for p, _ in rows}), pd.DataFrame({"device": pd.Series(devices, dtype="int64")})
+    return con.execute(f"SELECT DISTINCT {pid_expr('k.globalPid')}, {dev} FROM {schema.t(T)} k "
+                       "WHERE k.end >= k.start")
 
 
 def _read_one_process(path: str, api_names: re.Pattern | None, pid: int) -> tuple[dict, list[str]]:
