@@ -1,18 +1,22 @@
 """Side-by-side benchmark: profclass diagnose vs nsys stats vs nsys-ai on the same big exports.
 
-    python bench/bench.py [--sizes 100M,1G] [--curve 100M,1G,4G] [--timeout 900]
+    python bench/bench.py [--sizes 100M,1G,4G] [--nsys-ai-max 1G] [--timeout 900]
 
 Builds the scaled exports (bench/scale_fixture.py) when missing, then runs, each as its own
 process on the same file, measuring wall time and peak RSS (of the whole process tree,
-sampled with psutil every 50 ms; /usr/bin/time -v gives the same for a single process):
+sampled with psutil every 50 ms; /usr/bin/time -v gives the same for a single process) and
+CPU time (user + system of the process and the children it waited for), each as a ratio to
+``nsys stats`` on the same file in the same run:
 
 - ``profclass diagnose FILE --format json``
 - ``nsys stats -r cuda_gpu_kern_sum FILE`` (NVIDIA's own summary; one report only)
 - ``nsys-ai diagnose FILE --format json`` (its offline skill pack; no AI backend needed)
 
 nsys-ai adds indexes to the SQLite file it is given (it writes into its input), so it runs
-on a private copy of the export, made before its clock starts, and removed after.
-Then the profclass curve over --curve sizes, and the loader's rows/s (bench/loaders.py).
+on a private copy of the export, made before its clock starts, and removed after; it runs
+only on files up to --nsys-ai-max (it copies the file and adds ~75% in indexes, and takes
+~13x profclass's time). Then profclass's cost per GiB over the same files, and the loader
+transports' rows/s (bench/loaders.py).
 Prints a Markdown table; --out writes it too.
 
 First, start-up (``--startup-only`` runs just this; ``--no-startup`` skips it): the median of
@@ -32,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -53,6 +58,7 @@ def measure(cmd: list[str], timeout: float, env=None, cwd=None) -> dict:
     """Wall time and peak RSS (sum over the process tree) of one command."""
     # output goes to files, not pipes: a chatty tool would block on a full pipe while we poll
     out_f, err_f = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, env=env, cwd=cwd)
     ps = psutil.Process(proc.pid)
@@ -73,18 +79,25 @@ def measure(cmd: list[str], timeout: float, env=None, cwd=None) -> dict:
         time.sleep(0.05)
     proc.wait()
     wall = time.perf_counter() - t0
+    cpu = _children_cpu() - cpu0
     out_f.seek(0)
     err_f.seek(0)
     out, err = out_f.read(), err_f.read()
-    return dict(wall_s=round(wall, 2), peak_rss_mib=round(peak / 2**20), rc=proc.returncode,
+    return dict(wall_s=round(wall, 2), cpu_s=round(cpu, 2), peak_rss_mib=round(peak / 2**20), rc=proc.returncode,
                 timed_out=timed_out, stdout=out.decode(errors="replace"), stderr=err.decode(errors="replace"))
+
+
+def _children_cpu() -> float:
+    """User + system seconds of every waited-for child so far (their threads and children too)."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
 
 
 def nsys_binary() -> str | None:
     return next((p for p in NSYS_CANDIDATES if p and os.path.exists(p)), None)
 
 
-def run_tools(path: str, timeout: float) -> list[dict]:
+def run_tools(path: str, timeout: float, with_nsys_ai: bool = True) -> list[dict]:
     rows = []
     r = measure([os.path.join(BIN, "profclass"), "diagnose", path, "--format", "json", "-q"], timeout)
     verdict = json.loads(r["stdout"])["verdict"]["wall"] if r["rc"] == 0 else f"rc {r['rc']}"
@@ -97,9 +110,12 @@ def run_tools(path: str, timeout: float) -> list[dict]:
         rows.append(dict(tool="nsys stats -r cuda_gpu_kern_sum", note="one summary table", **_keep(r)))
     else:
         rows.append(dict(tool="nsys stats -r cuda_gpu_kern_sum", note="nsys not found", wall_s=None,
-                         peak_rss_mib=None, rc=None, timed_out=False))
+                         cpu_s=None, peak_rss_mib=None, rc=None, timed_out=False))
     nsys_ai = os.path.join(BIN, "nsys-ai")
-    if os.path.exists(nsys_ai):
+    if not with_nsys_ai:
+        rows.append(dict(tool="nsys-ai diagnose", note="not run: file over --nsys-ai-max", wall_s=None,
+                         cpu_s=None, peak_rss_mib=None, rc=None, timed_out=False))
+    elif os.path.exists(nsys_ai):
         with tempfile.TemporaryDirectory(dir=OUT) as tmp:
             copy = os.path.join(tmp, os.path.basename(path))
             shutil.copyfile(path, copy)  # it writes indexes into its input
@@ -113,7 +129,7 @@ def run_tools(path: str, timeout: float) -> list[dict]:
         rows.append(dict(tool="nsys-ai diagnose", note=note, **_keep(r)))
     else:
         rows.append(dict(tool="nsys-ai diagnose", note="not installed (pip install 'profclass[bench]')",
-                         wall_s=None, peak_rss_mib=None, rc=None, timed_out=False))
+                         wall_s=None, cpu_s=None, peak_rss_mib=None, rc=None, timed_out=False))
     return rows
 
 
@@ -252,7 +268,7 @@ def run_startup(runs: int, nsys_ai: str | None) -> list[str]:
 
 
 def _keep(r: dict) -> dict:
-    out = {k: r[k] for k in ("wall_s", "peak_rss_mib", "rc", "timed_out")}
+    out = {k: r[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "rc", "timed_out")}
     if r["rc"] not in (0, None) and not r["timed_out"]:
         out["error"] = (r["stderr"].strip().splitlines() or [""])[-1][:160]
     return out
@@ -273,8 +289,8 @@ def machine() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="100M,1G", help="files for the side-by-side table")
-    ap.add_argument("--curve", default="100M,1G,4G", help="files for profclass's size curve")
+    ap.add_argument("--sizes", default="100M,1G,4G", help="grown exports to compare on")
+    ap.add_argument("--nsys-ai-max", default="1G", help="run nsys-ai on files up to this size only")
     ap.add_argument("--timeout", type=float, default=900, help="per command, seconds")
     ap.add_argument("--no-loaders", action="store_true")
     ap.add_argument("--out", default=None, help="also write the Markdown here")
@@ -292,56 +308,70 @@ def main(argv=None) -> int:
         lines += startup
         print("\n".join(startup), flush=True)
     if args.startup_only:
-        args.sizes = args.curve = ""
+        args.sizes = ""
         args.no_loaders = True
-    sizes = args.sizes.split(",") if args.sizes else []
-    curve = args.curve.split(",") if args.curve else []
-    need = sorted(set(sizes) | set(curve), key=lambda s: (s[-1], float(s[:-1])))
-    if not need:
+    sizes = sorted(args.sizes.split(",") if args.sizes else [], key=_size_bytes)
+    if not sizes:
         _write(args.out, lines)
         return 0
-    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale_fixture.py"), "--sizes", ",".join(need)],
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale_fixture.py"), "--sizes", ",".join(sizes)],
                    check=True)
-    files = {s: os.path.join(OUT, f"dpoverlap_4gpu_{s}.sqlite") for s in need}
-    lines += ["| file | tool | wall s | peak RSS MiB | vs profclass (wall) | note |",
-              "|---|---|---:|---:|---:|---|"]
-    print("\n".join(lines[-2:]), flush=True)
-    results = {}
-    for s in sizes:
-        mib = os.path.getsize(files[s]) / 2**20
-        rows = run_tools(files[s], args.timeout)
-        results[s] = rows
-        base = rows[0]["wall_s"]
-        for r in rows:
-            ratio = f"{r['wall_s'] / base:.1f}x" if r.get("wall_s") and base and not r["timed_out"] else "-"
-            note = r["note"] + (f"; error: {r['error']}" if r.get("error") else "")
-            line = (f"| {s} ({mib:.0f} MiB) | {r['tool']} | {r['wall_s'] if r['wall_s'] is not None else '-'} | "
-                    f"{r['peak_rss_mib'] if r['peak_rss_mib'] is not None else '-'} | {ratio} | {note} |")
-            lines.append(line)
-            print(line, flush=True)
-    lines += ["", "profclass diagnose against file size:", "",
-              "| file | MiB | wall s | peak RSS MiB | s per GiB |", "|---|---:|---:|---:|---:|"]
-    print("\n".join(lines[-5:]), flush=True)
-    for s in curve:
-        mib = os.path.getsize(files[s]) / 2**20
-        r = measure([os.path.join(BIN, "profclass"), "diagnose", files[s], "--format", "json", "-q"], args.timeout)
-        line = f"| {s} | {mib:.0f} | {r['wall_s']} | {r['peak_rss_mib']} | {r['wall_s'] / (mib / 1024):.1f} |"
-        lines.append(line)
-        print(line, flush=True)
+    files = {s: os.path.join(OUT, f"dpoverlap_4gpu_{s}.sqlite") for s in sizes}
+    results = side_by_side(files, args, lines)
+    lines += ["", "profclass diagnose against file size (the runs above):", "",
+              "| file | MiB | wall s | CPU s | peak RSS MiB | s per GiB |", "|---|---:|---:|---:|---:|---:|"]
+    for s, rows in results.items():
+        mib, r = os.path.getsize(files[s]) / 2**20, rows[0]
+        if r["wall_s"] is not None:
+            lines.append(f"| {s} | {mib:.0f} | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_mib']} | "
+                         f"{r['wall_s'] / (mib / 1024):.1f} |")
+    print("\n".join(lines[-len(results) - 4:]), flush=True)
     if not args.no_loaders and "1G" in files:
         lines += ["", "Loader transports, kernels + all CUDA API calls of the 1G file (bench/loaders.py):", "",
-                  "| transport | rows | wall s | rows/s | peak RSS MiB | read-only |", "|---|---:|---:|---:|---:|---|"]
+                  "| transport | rows | wall s | CPU s | rows/s | peak RSS MiB | read-only |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
         print("\n".join(lines[-5:]), flush=True)
         p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "loaders.py"), files["1G"]],
                            capture_output=True, text=True)
         for raw in p.stdout.splitlines():
             r = json.loads(raw)
-            line = (f"| {r['candidate']} | {r.get('rows', '-')} | {r.get('wall_s', '-')} | {r.get('rows_per_s', '-')} | "
+            line = (f"| {r['candidate']} | {r.get('rows', '-')} | {r.get('wall_s', '-')} | {r.get('cpu_s', '-')} | "
+                    f"{r.get('rows_per_s', '-')} | "
                     f"{r.get('peak_rss_mib', '-')} | {r.get('read_only', r.get('error', ''))} |")
             lines.append(line)
             print(line, flush=True)
     _write(args.out, lines)
     return 0
+
+
+def _size_bytes(label: str) -> float:
+    """100M -> bytes, 4G -> bytes."""
+    return float(label[:-1]) * {"M": 2**20, "G": 2**30}[label[-1].upper()]
+
+
+def side_by_side(files: dict, args, lines: list[str]) -> dict:
+    """Each tool on each file; wall, CPU and peak memory as ratios to nsys stats's."""
+    lines += ["| file | tool | wall s | CPU s | peak RSS MiB | wall / nsys stats | RSS / nsys stats | note |",
+              "|---|---|---:|---:|---:|---:|---:|---|"]
+    print("\n".join(lines[-2:]), flush=True)
+    ai_max = _size_bytes(args.nsys_ai_max) * 1.05  # a grown file is a little over its nominal size
+    results = {}
+    for s, path in files.items():
+        mib = os.path.getsize(path) / 2**20
+        rows = results[s] = run_tools(path, args.timeout, with_nsys_ai=os.path.getsize(path) <= ai_max)
+        ref = rows[1] if rows[1].get("wall_s") and not rows[1]["timed_out"] else None
+
+        def ratio(r, key):
+            ok = ref and r.get(key) is not None and not r["timed_out"] and ref[key]
+            return f"{r[key] / ref[key]:.2f}" if ok else "-"
+        for r in rows:
+            note = r["note"] + (f"; error: {r['error']}" if r.get("error") else "")
+            cell = {k: (r[k] if r.get(k) is not None else "-") for k in ("wall_s", "cpu_s", "peak_rss_mib")}
+            line = (f"| {s} ({mib:.0f} MiB) | {r['tool']} | {cell['wall_s']} | {cell['cpu_s']} | "
+                    f"{cell['peak_rss_mib']} | {ratio(r, 'wall_s')} | {ratio(r, 'peak_rss_mib')} | {note} |")
+            lines.append(line)
+            print(line, flush=True)
+    return results
 
 
 def _write(path: str | None, lines: list[str]) -> None:

@@ -26,7 +26,7 @@ from .analyzers import iterations as it
 from .clocks import shift_timeline
 from .errors import ProfileError
 from .kernel_table import gpu_kernel_agg
-from .load import load
+from .load import load_by_process
 from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, iter_gpus
 
 # the CUDA API calls any later stage reads (launches for the launch join, allocator and sync
@@ -115,9 +115,12 @@ def summarise_profile(prof, source: int, iteration_regex: str | None,
     (``iterations.consensus``); ``forced`` ((pid, device) -> (job step, boundaries on this
     file's clock)) is the job's step from the facade when other files disagreed."""
     ops = build_ops(prof)
-    config_ops = ops[CONFIG_COLUMNS].astype({"library": str, "collective": str}).drop_duplicates()
+    # distinct rows first: text of a few rows, not of every op (the same rows either way)
+    config_ops = (ops[CONFIG_COLUMNS].drop_duplicates().astype({"library": str, "collective": str})
+                  .drop_duplicates())
     # the per-table frames are in ops now; analyzers read only these small ones of the profile
-    prof.kernels = prof.kernels[["device"]].drop_duplicates()
+    prof.kernels = (prof.file_devices if prof.file_devices is not None
+                    else prof.kernels[["device"]].drop_duplicates())
     prof.memcpy = prof.memset = prof.memcpy.iloc[:0]
     own = {}  # (pid, device) -> (iterations, source, marker, periods, step_info): one GPU at a time
     for g in iter_gpus(prof, source, ops):
@@ -197,12 +200,25 @@ def summarise_file(given: str, sqlite: str | None, source: int, iteration_regex:
 
 
 def _summarise_sqlite(given, sqlite, source, iteration_regex, keep_timelines, forced=None) -> FileSummary:
+    """One export, one process at a time (``load_by_process``): peak memory follows the
+    largest process, not the file; the per-process summaries are joined as one file's.
+    ``forced`` is keyed by (pid, device), so each process takes its own GPUs' entries."""
+    parts = []
     try:
-        prof = load(sqlite, api_names=API_CALLS_USED)
+        for prof in load_by_process(sqlite, api_names=API_CALLS_USED):
+            prof.path = given
+            parts.append(summarise_profile(prof, source, iteration_regex, keep_timelines, forced))
+            del prof
     except ProfileError as exc:  # name what the user gave, not a decompressed temp copy
         raise ProfileError(given, exc.problem) from None
-    prof.path = given
-    return summarise_profile(prof, source, iteration_regex, keep_timelines, forced)
+    if len(parts) == 1:
+        return parts[0]
+    meta = parts[0].meta
+    meta.missing = list(dict.fromkeys(m for p in parts for m in p.meta.missing))
+    config_ops = pd.concat([p.config_ops for p in parts], ignore_index=True).drop_duplicates()
+    # in (pid, device) order, as one pass over the whole file gives them
+    gpus = sorted((g for p in parts for g in p.gpus), key=lambda g: (g.pid, g.device))
+    return FileSummary(meta=meta, gpus=gpus, config_ops=config_ops.reset_index(drop=True))
 
 
 def assign_ranks(gpus: list[GpuSummary], profiles: list[ProfileMeta], hints) -> None:

@@ -285,8 +285,9 @@ def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame):
         rows = order[bounds[j]:bounds[j + 1]]
         if not is_kernel[rows].any():
             continue  # a process that only copied to this device (e.g. a peer) is not a rank
+        # one GPU in the table (a per-process pass): its rows are all rows, in order already
+        mine = rest if len(keys) == 1 else rest.take(rows).reset_index(drop=True)
         yield GpuTimeline(
-            source=source, path=prof.path, pid=int(pid), device=int(device), rank=None,
-            ops=rest.take(rows).reset_index(drop=True),
+            source=source, path=prof.path, pid=int(pid), device=int(device), rank=None, ops=mine,
             runtime=prof.runtime[prof.runtime["pid"] == pid].sort_values("start").reset_index(drop=True),
             nvtx=prof.nvtx[prof.nvtx["pid"] == pid].sort_values("start").reset_index(drop=True))

@@ -26,69 +26,165 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 
 from ..errors import ProfileError
 from .profile import RawProfile
-from .schema import Schema, string_table
-from .tables import (read_gpu_metrics, read_gpus, read_kernels, read_memcpy, read_memory_events, read_memset,
-                     read_meta, read_nvtx, read_runtime)
+from .schema import Schema, column_or, pid_expr, string_table
+from .tables import (NVTX_EMPTY, nvtx_empty, read_gpu_metrics, read_gpus, read_kernels, read_memcpy,
+                     read_memory_events, read_memset, read_meta, read_nvtx, read_runtime)
 from .transport import BUSY_TIMEOUT_S, LOADER, SQLITE_FAILURES, connect_readonly, sqlite_problem
 
-__all__ = ["BUSY_TIMEOUT_S", "LOADER", "SQLITE_FAILURES", "RawProfile", "Schema", "connect_readonly", "load"]
+__all__ = ["BUSY_TIMEOUT_S", "LOADER", "SQLITE_FAILURES", "RawProfile", "Schema", "connect_readonly", "load",
+           "load_by_process"]
 
 
 def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
-    """Read one nsys SQLite export (read-only).
+    """Read one nsys SQLite export (read-only), every process at once.
 
     ``api_names``: keep only the CUDA API calls whose name matches (see ``read_runtime``).
     """
+    con, schema, strings = _open(path)
     try:
-        con = connect_readonly(path)
-    except sqlite3.Error as exc:
-        raise ProfileError(path, f"cannot open as SQLite ({exc})") from None
-    try:
-        try:
-            schema = Schema(con)
-        except SQLITE_FAILURES as exc:
-            raise ProfileError(path, sqlite_problem(exc)) from None
-        if not schema.tables:
-            raise ProfileError(path, "not an Nsight Systems export (no nsys tables)")
         missing: list[str] = []
-        strings = string_table(con, schema)
-        # the two biggest tables are read at once: the CUDA API calls on a second read-only
-        # connection in a thread (SQLite and the Arrow transfer run without the GIL)
-        pool = ThreadPoolExecutor(1)
         try:
-            runtime_job = pool.submit(_read_runtime_apart, path, api_names)
-            kernels = read_kernels(con, schema, strings, missing)
-            memcpy = read_memcpy(con, schema, missing)
-            memset = read_memset(con, schema, missing)
-            runtime, runtime_missing = runtime_job.result()
-            missing.extend(runtime_missing)
-            prof = RawProfile(
-                path=path, kernels=kernels, memcpy=memcpy, memset=memset, runtime=runtime,
-                nvtx=read_nvtx(con, schema, strings, missing), gpus=read_gpus(con, schema, missing),
-                gpu_metrics=read_gpu_metrics(con, schema, missing),
-                memory_events=read_memory_events(con, schema, missing), missing=missing)
+            frames = _read_process(path, con, schema, strings, api_names, None, missing)
+            prof = RawProfile(path=path, **frames, gpus=read_gpus(con, schema, missing),
+                              gpu_metrics=read_gpu_metrics(con, schema, missing), missing=missing)
             read_meta(con, schema, prof)
         except SQLITE_FAILURES as exc:
             raise ProfileError(path, sqlite_problem(exc)) from None
-        finally:
-            pool.shutdown(wait=True)
         return prof
     finally:
         con.close()
 
 
-def _read_runtime_apart(path: str, api_names: re.Pattern | None) -> tuple[pd.DataFrame, list[str]]:
+def load_by_process(path: str, api_names: re.Pattern | None = None) -> Iterator[RawProfile]:
+    """The export one process at a time: a ``RawProfile`` per process with kernels, holding
+    only that process's rows, plus the file-wide GPU properties, metrics and metadata (shared
+    by all). The next process is read in a thread while the caller works on the current one,
+    so at most two processes' rows are in memory, whatever the file's size.
+
+    Order: the first process the kernel scan meets (read while the scan goes on to find the
+    others, so a one-process file costs no extra pass), then the others by pid. A file whose
+    kernels carry no process ids (or that has no kernels) comes as one ``load``.
+    """
+    con, schema, strings = _open(path)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                scan = _process_scan(con, schema)
+                first = scan.fetchone() if scan is not None else None
+                if first is None:
+                    yield load(path, api_names)
+                    return
+                ahead = pool.submit(_read_one_process, path, api_names, int(first[0]))
+                rows = [first, *scan.fetchall()]  # sqlite3 steps without the GIL: beside that read
+                shared = _shared(con, schema, strings, path, rows)
+            except SQLITE_FAILURES as exc:
+                raise ProfileError(path, sqlite_problem(exc)) from None
+            others = sorted({int(p) for p, _ in rows} - {int(first[0])})
+            for nxt in others + [None]:
+                current = ahead
+                if nxt is not None:  # queued behind the current read, runs while the caller works
+                    ahead = pool.submit(_read_one_process, path, api_names, nxt)
+                yield _with_shared(shared, *current.result())
+    finally:
+        con.close()
+
+
+def _shared(con, schema: Schema, strings: str | None, path: str, rows: list) -> RawProfile:
+    """What every process's pass shares: GPU properties and metrics, metadata, whether the
+    file has NVTX ranges at all, and (as ``kernels``) every device with kernels."""
+    devices = pd.DataFrame({"device": pd.Series(sorted({int(d) for _, d in rows}), dtype="int64")})
+    shared = RawProfile(path=path, kernels=devices, memcpy=None, memset=None, runtime=None, nvtx=None,
+                        gpus=None, gpu_metrics=None, memory_events=None)
+    shared.gpus = read_gpus(con, schema, shared.missing)
+    shared.gpu_metrics = read_gpu_metrics(con, schema, shared.missing)
+    if nvtx_empty(con, schema, strings):  # a pass sees only its own process's ranges
+        shared.missing.append(NVTX_EMPTY)
+    read_meta(con, schema, shared)
+    return shared
+
+
+def _with_shared(shared: RawProfile, frames: dict, missing: list[str]) -> RawProfile:
+    # popped out of the read's result, so nothing here holds this process's rows after the caller drops them
+    prof = RawProfile(path=shared.path, **{k: frames.pop(k) for k in list(frames)}, gpus=shared.gpus,
+                      gpu_metrics=shared.gpu_metrics,
+                      command=list(shared.command), env=dict(shared.env), nsys_version=shared.nsys_version,
+                      session_start_ns=shared.session_start_ns,
+                      missing=missing + [m for m in shared.missing if m not in missing],
+                      file_devices=shared.kernels)
+    return prof
+
+
+def _open(path: str):
+    try:
+        con = connect_readonly(path)
+    except sqlite3.Error as exc:
+        raise ProfileError(path, f"cannot open as SQLite ({exc})") from None
+    try:
+        schema = Schema(con)
+        if not schema.tables:
+            raise ProfileError(path, "not an Nsight Systems export (no nsys tables)")
+        return con, schema, string_table(con, schema)
+    except SQLITE_FAILURES as exc:
+        con.close()
+        raise ProfileError(path, sqlite_problem(exc)) from None
+    except ProfileError:
+        con.close()
+        raise
+
+
+def _process_scan(con, schema: Schema):
+    """A cursor over the distinct (process, device) pairs with kernels (as ``read_kernels``
+    keeps them), or None where the kernel table has no process ids."""
+    T = "CUPTI_ACTIVITY_KIND_KERNEL"
+    if not schema.has(T, "start", "end", "globalPid"):
+        return None
+    dev = column_or(schema.columns[T], "deviceId", "k")
+    return con.execute(f"SELECT DISTINCT {pid_expr('k.globalPid')}, {dev} FROM {schema.t(T)} k "
+                       "WHERE k.end >= k.start")
+
+
+def _read_one_process(path: str, api_names: re.Pattern | None, pid: int) -> tuple[dict, list[str]]:
+    """One process's tables on a connection of its own (the look-ahead thread)."""
+    con, schema, strings = _open(path)
+    try:
+        missing: list[str] = []
+        try:
+            return _read_process(path, con, schema, strings, api_names, pid, missing), missing
+        except SQLITE_FAILURES as exc:
+            raise ProfileError(path, sqlite_problem(exc)) from None
+    finally:
+        con.close()
+
+
+def _read_process(path, con, schema, strings, api_names, pid, missing) -> dict:
+    """The per-process tables (all processes with ``pid`` None). The two biggest are read at
+    once: the CUDA API calls on a second read-only connection in a thread (SQLite and the
+    Arrow transfer run without the GIL)."""
+    with ThreadPoolExecutor(1) as pool:
+        runtime_job = pool.submit(_read_runtime_apart, path, api_names, pid)
+        frames = dict(kernels=read_kernels(con, schema, strings, missing, pid),
+                      memcpy=read_memcpy(con, schema, missing, pid), memset=read_memset(con, schema, missing, pid))
+        frames["runtime"], runtime_missing = runtime_job.result()
+    missing.extend(runtime_missing)
+    frames["nvtx"] = read_nvtx(con, schema, strings, missing, pid)
+    frames["memory_events"] = read_memory_events(con, schema, missing, pid)
+    return frames
+
+
+def _read_runtime_apart(path: str, api_names: re.Pattern | None,
+                        pid: int | None) -> tuple[pd.DataFrame, list[str]]:
     """``read_runtime`` on a connection of its own (for the loader's second thread)."""
     con = connect_readonly(path)
     try:
         schema = Schema(con)
         missing: list[str] = []
-        return read_runtime(con, schema, string_table(con, schema), missing, api_names), missing
+        return read_runtime(con, schema, string_table(con, schema), missing, api_names, pid), missing
     finally:
         con.close()

@@ -25,6 +25,9 @@ class RawProfile:
     nsys_version: str = ""
     session_start_ns: int | None = None
     missing: list[str] = field(default_factory=list)
+    # read one process at a time (``load_by_process``): every device with kernels in the
+    # file (column device), which per-GPU steps that number the file's devices need
+    file_devices: pd.DataFrame | None = None
 
 
 def empty_frame(cols: dict[str, str]) -> pd.DataFrame:

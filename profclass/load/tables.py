@@ -10,7 +10,7 @@ import pandas as pd
 
 from .profile import (GPU_COLS, KERNEL_COLS, MEMCPY_COLS, MEMEV_COLS, MEMSET_COLS, METRIC_COLS, NVTX_COLS,
                       RUNTIME_COLS, RawProfile, empty_frame)
-from .schema import Schema, column_or, pid_expr
+from .schema import Schema, column_or, pid_expr, pid_filter
 from .transport import query
 
 KIND_NAMES = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 9: "HtoH", 11: "HtoD", 12: "DtoH",
@@ -35,7 +35,8 @@ def _columns_if(s: Schema, table: str, needed: tuple[str, ...], missing: list, w
     return s.columns[table]
 
 
-def read_kernels(con, s: Schema, strings: str | None, missing: list) -> pd.DataFrame:
+def read_kernels(con, s: Schema, strings: str | None, missing: list, pid: int | None = None) -> pd.DataFrame:
+    """Kernels; with ``pid``, only that process's (as every reader below)."""
     T = "CUPTI_ACTIVITY_KIND_KERNEL"
     c = _columns_if(s, T, ("start", "end"), missing, "kernels (CUPTI_ACTIVITY_KIND_KERNEL)")
     if c is None:
@@ -52,7 +53,8 @@ def read_kernels(con, s: Schema, strings: str | None, missing: list) -> pd.DataF
            f"{pid_expr('k.globalPid') if 'globalPid' in c else '0'}, {column_or(c, 'streamId', 'k')}, "
            f"{column_or(c, 'correlationId', 'k')}, {column_or(c, short, 'k', '-1') if short else '-1'}, "
            f"{column_or(c, full, 'k', '-1') if full else '-1'}, {grid}, {block}, "
-           f"{column_or(c, 'graphNodeId', 'k')} FROM {s.t(T)} k WHERE k.end >= k.start")
+           f"{column_or(c, 'graphNodeId', 'k')} FROM {s.t(T)} k "
+           f"WHERE {pid_filter('k.globalPid' if 'globalPid' in c else None, pid)}k.end >= k.start")
     df = query(con, sql, dict(KERNEL_COLS, name="int64", full_name="int64"))
     # names travel as string ids and are mapped once per distinct id, not once per row
     names: dict[int, str] = {}
@@ -86,7 +88,11 @@ def _copy_columns(c: set) -> str:
             f"{column_or(c, 'correlationId', 'm')}, {column_or(c, 'bytes', 'm')}")
 
 
-def read_memcpy(con, s: Schema, missing: list) -> pd.DataFrame:
+def _copy_pid(c: set, pid: int | None) -> str:
+    return pid_filter("m.globalPid" if "globalPid" in c else None, pid)
+
+
+def read_memcpy(con, s: Schema, missing: list, pid: int | None = None) -> pd.DataFrame:
     T = "CUPTI_ACTIVITY_KIND_MEMCPY"
     c = _columns_if(s, T, ("start", "end"), missing, "memcpy (CUPTI_ACTIVITY_KIND_MEMCPY)")
     if c is None:
@@ -94,24 +100,24 @@ def read_memcpy(con, s: Schema, missing: list) -> pd.DataFrame:
     host_kind = ("CASE WHEN m.copyKind=1 THEN m.srcKind WHEN m.copyKind=2 THEN m.dstKind ELSE -1 END"
                  if {"srcKind", "dstKind", "copyKind"} <= c else "-1")
     sql = (f"SELECT {_copy_columns(c)}, {column_or(c, 'copyKind', 'm')}, "
-           f"{host_kind} FROM {s.t(T)} m WHERE m.end >= m.start")
+           f"{host_kind} FROM {s.t(T)} m WHERE {_copy_pid(c, pid)}m.end >= m.start")
     df = query(con, sql, dict(MEMCPY_COLS, kind="int64", pinned="int64"))
     df["kind"] = df["kind"].map(KIND_NAMES).fillna("other")
     df["pinned"] = df["pinned"] == PINNED_KIND
     return df
 
 
-def read_memset(con, s: Schema, missing: list) -> pd.DataFrame:
+def read_memset(con, s: Schema, missing: list, pid: int | None = None) -> pd.DataFrame:
     T = "CUPTI_ACTIVITY_KIND_MEMSET"
     c = _columns_if(s, T, ("start", "end"), missing, "memset (CUPTI_ACTIVITY_KIND_MEMSET)")
     if c is None:
         return empty_frame(MEMSET_COLS)
-    sql = f"SELECT {_copy_columns(c)} FROM {s.t(T)} m WHERE m.end >= m.start"
+    sql = f"SELECT {_copy_columns(c)} FROM {s.t(T)} m WHERE {_copy_pid(c, pid)}m.end >= m.start"
     return query(con, sql, MEMSET_COLS)
 
 
 def read_runtime(con, s: Schema, strings: str | None, missing: list,
-                 api_names: re.Pattern | None = None) -> pd.DataFrame:
+                 api_names: re.Pattern | None = None, pid: int | None = None) -> pd.DataFrame:
     """CUDA API calls; with ``api_names``, only calls whose name (version suffix cut) matches.
 
     The filter runs in SQLite (``nameId IN (...)``, ids picked from the string table), so the
@@ -138,7 +144,7 @@ def read_runtime(con, s: Schema, strings: str | None, missing: list,
     tid = "r.globalTid" if "globalTid" in c else "0"
     sql = (f"SELECT r.start, r.end, {pid_expr(tid)}, ({tid} & 16777215), "
            f"{column_or(c, 'correlationId', 'r')}, r.{name_col} FROM {s.t(T)} r "
-           f"WHERE r.end >= r.start AND {where}")
+           f"WHERE {pid_filter('r.globalTid' if 'globalTid' in c else None, pid)}{where} AND r.end >= r.start")
     df = query(con, sql, dict(RUNTIME_COLS, name="int64"))
     # names travel as string ids and are mapped once per distinct id
     ids = df["name"].to_numpy()
@@ -153,37 +159,73 @@ def read_runtime(con, s: Schema, strings: str | None, missing: list,
     return df
 
 
-def read_nvtx(con, s: Schema, strings: str | None, missing: list) -> pd.DataFrame:
+def read_nvtx(con, s: Schema, strings: str | None, missing: list, pid: int | None = None) -> pd.DataFrame:
+    """NVTX ranges. With ``pid`` (one process of many), an empty result is not reported as
+    missing: ``nvtx_empty`` answers that for the whole file."""
+    sql = _nvtx_sql(s, strings, missing, pid)
+    if sql is None:
+        return empty_frame(NVTX_COLS)
+    c = s.columns["NVTX_EVENTS"]
+    by_id = "textId" in c and strings
+    cols = dict(NVTX_COLS, domain="int64")
+    if by_id:  # registered strings travel as ids: looked up once per distinct id, not per row
+        cols = dict(start="int64", end="int64", pid="int64", tid="int64", text="object", text_id="int64",
+                    domain="int64")
+    df = query(con, sql, cols)
+    if by_id:
+        _texts_from_ids(con, strings, df)
+    domains = {0: ""}
+    if "eventType" in c and "domainId" in c and "text" in c:
+        for dom_id, name in con.execute(
+                f"SELECT domainId, text FROM {s.t('NVTX_EVENTS')} WHERE eventType=?", (NVTX_DOMAIN_CREATE,)):
+            domains[dom_id] = name or ""
+    df["domain"] = df["domain"].map(domains).fillna("")
+    df["text"] = df["text"].fillna("")
+    if df.empty and pid is None:
+        missing.append(NVTX_EMPTY)
+    return df
+
+
+def _texts_from_ids(con, strings: str, df: pd.DataFrame) -> None:
+    """Fill ``text`` where it is null from the string table by ``text_id`` (-1: none), as
+    ``coalesce(text, (SELECT value FROM strings WHERE id = textId))`` would; drops ``text_id``."""
+    ids = df.pop("text_id").to_numpy(np.int64)
+    text = df["text"].to_numpy(object, na_value=None).copy()
+    need = pd.isna(text) & (ids >= 0)
+    if need.any():
+        uniq, inv = np.unique(ids[need], return_inverse=True)
+        wanted = ",".join(str(int(i)) for i in uniq)
+        found = dict(con.execute(f"SELECT id, value FROM {strings} WHERE id IN ({wanted})"))
+        text[need] = np.array([found.get(int(i)) for i in uniq], dtype=object)[inv]
+    # the dtype the transport gives a text column: str, or object where a value is null
+    df["text"] = pd.Series(text, index=df.index, dtype=object if pd.isna(text).any() else "str")
+
+
+NVTX_EMPTY = "NVTX ranges (NVTX_EVENTS empty)"
+
+
+def nvtx_empty(con, s: Schema, strings: str | None) -> bool:
+    """Whether the file has no NVTX range ``read_nvtx`` would keep (stops at the first one)."""
+    sql = _nvtx_sql(s, strings, [], None)
+    return sql is not None and con.execute(f"SELECT 1 FROM ({sql}) LIMIT 1").fetchone() is None
+
+
+def _nvtx_sql(s: Schema, strings: str | None, missing: list, pid: int | None) -> str | None:
     T = "NVTX_EVENTS"
     c = _columns_if(s, T, ("start",), missing, "NVTX ranges (NVTX_EVENTS)")
     if c is None:
-        return empty_frame(NVTX_COLS)
-    if "text" in c and "textId" in c and strings:
-        text = f"coalesce(n.text, (SELECT value FROM {strings} WHERE id=n.textId))"
-    elif "text" in c:
-        text = "n.text"
-    elif "textId" in c and strings:
-        text = f"(SELECT value FROM {strings} WHERE id=n.textId)"
-    else:
-        text = "NULL"
+        return None
+    text = "n.text" if "text" in c else "NULL"
+    if "textId" in c and strings:
+        text += ", coalesce(n.textId, -1)"  # see _texts_from_ids
     tid = "n.globalTid" if "globalTid" in c else "0"
     dom = "coalesce(n.domainId, 0)" if "domainId" in c else "0"
     types = ",".join(str(t) for t in NVTX_RANGE_TYPES)
     et = f"n.eventType IN ({types}) AND " if "eventType" in c else ""
     end = "n.end" if "end" in c else "n.start"
-    sql = (f"SELECT n.start, {end}, {pid_expr(tid)}, ({tid} & 16777215), {text}, {dom} "
-           f"FROM {s.t(T)} n WHERE {et}{end} IS NOT NULL AND {end} >= n.start")
-    df = query(con, sql, dict(NVTX_COLS, domain="int64"))
-    domains = {0: ""}
-    if "eventType" in c and "domainId" in c and "text" in c:
-        for dom_id, name in con.execute(
-                f"SELECT domainId, text FROM {s.t(T)} WHERE eventType=?", (NVTX_DOMAIN_CREATE,)):
-            domains[dom_id] = name or ""
-    df["domain"] = df["domain"].map(domains).fillna("")
-    df["text"] = df["text"].fillna("")
-    if df.empty:
-        missing.append("NVTX ranges (NVTX_EVENTS empty)")
-    return df
+    return (f"SELECT n.start, {end}, {pid_expr(tid)}, ({tid} & 16777215), {text}, {dom} "
+            f"FROM {s.t(T)} n WHERE {pid_filter('n.globalTid' if 'globalTid' in c else None, pid)}"
+            f"{et}{end} IS NOT NULL AND {end} >= n.start")
 
 
 def read_gpus(con, s: Schema, missing: list) -> pd.DataFrame:
@@ -230,7 +272,7 @@ def read_gpu_metrics(con, s: Schema, missing: list) -> pd.DataFrame:
     return df
 
 
-def read_memory_events(con, s: Schema, missing: list) -> pd.DataFrame:
+def read_memory_events(con, s: Schema, missing: list, pid: int | None = None) -> pd.DataFrame:
     T = "CUDA_GPU_MEMORY_USAGE_EVENTS"
     c = _columns_if(s, T, ("start", "bytes", "memoryOperationType"), missing,
                     "GPU memory usage (CUDA_GPU_MEMORY_USAGE_EVENTS; capture with --cuda-memory-usage=true)")
@@ -240,7 +282,8 @@ def read_memory_events(con, s: Schema, missing: list) -> pd.DataFrame:
     kind = "AND memKind=2" if "memKind" in c else ""
     sql = (f"SELECT start, {pid_expr('globalPid') if 'globalPid' in c else '0'}, "
            f"{'deviceId' if 'deviceId' in c else '0'}, "
-           f"CASE WHEN memoryOperationType=0 THEN bytes ELSE -bytes END FROM {s.t(T)} WHERE 1=1 {kind}")
+           f"CASE WHEN memoryOperationType=0 THEN bytes ELSE -bytes END FROM {s.t(T)} "
+           f"WHERE {pid_filter('globalPid' if 'globalPid' in c else None, pid)}1=1 {kind}")
     return query(con, sql, MEMEV_COLS)
 
 
