@@ -124,13 +124,14 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
 
 
 def _agree_across_files(summaries, files, regex, keep_timelines):
-    """One step for the job over per-rank exports: each file agreed within itself
-    (``ranks.summarise_profile``); a file whose GPUs did not find the job's step is
+    """One step for the job over all its GPUs, whichever exports hold them; a file whose GPUs did not find the job's step is
     summarised again with it, at the reference GPU's step boundaries (clocks aligned on
     shadow copies of the compact summaries, so the real ones are shifted once, later)."""
-    if len(summaries) < 2:
-        return summaries
+    # also within one export: it is read one process at a time (ranks._summarise_sqlite), so
+    # its GPUs agree here, not inside the per-process summaries
     gpus = [g for fs in summaries for g in fs.gpus]
+    if len(gpus) < 2:
+        return summaries
     job = iterations.consensus([g.step for g in gpus])
     redo = [g for g in gpus if iterations.takes_job_step(iterations.step_info(g), job)]
     if not redo:
