@@ -19,7 +19,7 @@ import pandas as pd
 from .. import intervals as iv
 from ..kernels import COLLECTIVE_TYPES
 from ..timeline import GpuTimeline, comm_kernels
-from . import comm_groups
+from . import comm_groups, layout
 from .gainmodel import Gain, gain, share_of
 from .job import Job, evidence_row, mean_per_step_ms
 from .pipeline_gains import PP_GAINS, pipelined
@@ -331,6 +331,7 @@ def facts(job: Job, numbers: dict) -> dict:
         tp_comm_exposed=numbers["exposed_tp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
         # EP fixes need expert parallelism and all-to-all time that compute does not hide
         ep_comm_exposed=numbers["exposed_ep_ms"] >= DP_EXPOSED_MIN * job.step_ms,
+        tp_within_node=layout.tp_within_node(job.layout) if getattr(job, "layout", None) else False,
         pp_bubble_known=pipelined(numbers))
 
 

@@ -40,6 +40,9 @@ class Layout:
     world: int | None = None
     sizes: dict = field(default_factory=dict)  # size name -> int or None (unknown)
     source: dict = field(default_factory=dict)  # size name -> "command line" | "bridge overrides" | "inferred" | None
+    # GPUs per node (LOCAL_WORLD_SIZE, else torchrun's --nproc-per-node): with Megatron's order
+    # TP is the innermost group, so TP <= this keeps it on one node's NVLink
+    gpus_per_node: int | None = None
 
     def size(self, name: str) -> int | None:
         return self.sizes.get(name)
@@ -121,8 +124,16 @@ def build(flags: dict, command: list[str], env: dict, n_gpus: int) -> Layout:
         flags, command, env = {}, [], {}
     sizes, source = read_command_line(flags, command)
     layout = Layout(world_size(flags, env, n_gpus), sizes, source)
+    layout.gpus_per_node = _int(env.get("LOCAL_WORLD_SIZE", "") or "") or \
+        _int(flags.get("--nproc-per-node", flags.get("--nproc_per_node", "")) or "")
     fill(layout)
     return layout
+
+
+def tp_within_node(layout: Layout) -> bool:
+    """TP ranks share one node (and so its NVLink domain): consecutive ranks, TP innermost."""
+    tp, per_node = layout.size("tp"), layout.gpus_per_node
+    return bool(tp and per_node and tp <= per_node and per_node % tp == 0)
 
 
 def fill(layout: Layout) -> None:
