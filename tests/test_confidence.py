@@ -75,3 +75,16 @@ def test_real_confidence_follows_its_basis(name, diagnosis):
         assert v["confidence"] > 0.99 and b["steady_iterations"] >= 3
     if name == "mcore_pp4_m4_perrank":  # ranks split comm vs host differently: barely better than a coin
         assert v["confidence"] < 0.7
+
+
+@pytest.mark.parametrize("name", ["comm_4gpu", "imbalance_4gpu", "mcore_pp4_m4_perrank", "memory_offload_1gpu"])
+def test_real_shares_split_the_step(name, diagnosis):
+    """Shares are finite, non-negative and sum to 1, and the walls' ms add up to the step the
+    workload's own timer measured (within the 10% run-to-run noise)."""
+    from conftest import PROFILES
+
+    d = diagnosis(name)
+    shares = [d.walls[w]["share"] for w in classify.WALLS]
+    assert all(math.isfinite(s) and s >= 0 for s in shares) and sum(shares) == pytest.approx(1, abs=1e-3)
+    total_ms = sum(d.walls[w]["ms_per_step"] for w in classify.WALLS)
+    assert total_ms == pytest.approx(PROFILES[name]["workload_step_ms"], rel=0.1)
