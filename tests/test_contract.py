@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,8 +215,9 @@ def test_diff_refuses_saved_json_of_another_major(tmp_path, diagnosis):
     from profclass.errors import ProfileError
     from profclass.diff import diff
     good = _save(tmp_path, diagnosis, "compute_1gpu")
-    bad = _save(tmp_path, diagnosis, "host_1gpu", lambda d: d.update(schema_version="2.0.0"))
-    with pytest.raises(ProfileError, match=r"host_1gpu\.json: written with output schema 2\.0\.0"):
+    other = f"{major(SCHEMA_VERSION) + 1}.0.0"
+    bad = _save(tmp_path, diagnosis, "host_1gpu", lambda d: d.update(schema_version=other))
+    with pytest.raises(ProfileError, match=rf"host_1gpu\.json: written with output schema {re.escape(other)}"):
         diff(good, bad)
     out = subprocess.run([sys.executable, "-m", "profclass", "diff", good, bad], capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr
