@@ -18,11 +18,14 @@ slowest rank).
 
 Verdict: each wall's share is divided by its calibrated threshold (``data/calibration.toml``,
 fitted on the labelled corpus by ``bench/calibrate.py``); the largest score wins, the second
-is the runner-up and ``confidence = s1 / (s1 + s2)``.
+is the runner-up. ``confidence`` is the probability that the winner's margin over the
+runner-up is real given how well the window measured it (``confidence``; the derivation and
+its constants are in ``docs/classification.md``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from math import erf, sqrt
 from typing import TYPE_CHECKING
 
 from .tables import read_table
@@ -31,6 +34,13 @@ if TYPE_CHECKING:
     from .analyzers import GpuAnalysis
 
 WALLS = ("compute", "communication", "host", "memory")
+# one share's error beyond sampling: the largest share difference between two captures of one
+# configuration in the corpus (docs/classification.md, constants table)
+SHARE_NOISE = 0.05
+# per-iteration step spread assumed when one step cannot measure it: the largest a steady step
+# may differ from the median before it counts as warm-up (iterations.WARMUP_FACTOR - 1)
+UNMEASURED_SPREAD = 0.25
+WHOLE_CAPTURE_CAP = 0.5  # a whole-capture window is not shown to be the steady state
 
 
 def load_thresholds() -> dict[str, float]:
@@ -43,6 +53,8 @@ class Verdict:
     runner_up: str
     confidence: float
     scores: dict[str, float]
+    straggler_blame_share: float | None = None
+    confidence_basis: dict = field(default_factory=dict)
 
 
 def gpu_walls(a: GpuAnalysis) -> dict[str, int]:
@@ -65,9 +77,7 @@ def gpu_walls(a: GpuAnalysis) -> dict[str, int]:
 def decide(shares: dict[str, float], thresholds: dict[str, float]) -> Verdict:
     scores = {w: shares.get(w, 0.0) / thresholds[w] for w in WALLS}
     ranked = sorted(WALLS, key=lambda w: -scores[w])
-    s1, s2 = scores[ranked[0]], scores[ranked[1]]
-    conf = s1 / (s1 + s2) if (s1 + s2) > 0 else 0.0
-    return Verdict(wall=ranked[0], runner_up=ranked[1], confidence=round(conf, 3),
+    return Verdict(wall=ranked[0], runner_up=ranked[1], confidence=0.0,
                    scores={w: round(v, 3) for w, v in scores.items()})
 
 
@@ -98,17 +108,16 @@ def straggler_wall(j: int, per_gpu_ns: list[dict[str, int]], iterations: list[in
 def decide_with_straggler(shares: dict[str, float], thresholds: dict[str, float], wall: str,
                           blame_share: float) -> Verdict:
     """The job is as slow as its straggler: its wall wins, communication (the waiting) is the
-    runner-up; confidence is how much of the delay that rank causes."""
+    runner-up; ``straggler_blame_share`` is how much of the delay that rank causes."""
     base = decide(shares, thresholds)
     return Verdict(wall=wall, runner_up="communication" if wall != "communication" else base.runner_up,
-                   confidence=round(float(blame_share), 3), scores=base.scores)
+                   confidence=0.0, scores=base.scores, straggler_blame_share=round(float(blame_share), 3))
 
 
-def job_walls(per_gpu_ns: list[dict[str, int]], iterations: list[int], exposed_wait_ns: list[int],
-              straggler_gpus: list[int], target: str | None) -> dict[str, float]:
-    """Job-level ns per step per wall, with waiting moved to the straggler's wall."""
-    import numpy as np
-
+def gpu_step_walls(per_gpu_ns: list[dict[str, int]], iterations: list[int], exposed_wait_ns: list[int],
+                   straggler_gpus: list[int], target: str | None) -> list[dict[str, float]]:
+    """Each GPU's ns per step per wall, with its waiting for the straggler moved to the
+    straggler's wall (the job's walls are their mean)."""
     per_step = []
     for j, walls in enumerate(per_gpu_ns):
         w = {k: v / max(iterations[j], 1) for k, v in walls.items()}
@@ -117,4 +126,59 @@ def job_walls(per_gpu_ns: list[dict[str, int]], iterations: list[int], exposed_w
             w["communication"] -= moved
             w[target] += moved
         per_step.append(w)
+    return per_step
+
+
+def job_walls(per_step: list[dict[str, float]]) -> dict[str, float]:
+    """Job-level ns per step per wall: the mean over GPUs of ``gpu_step_walls``."""
+    import numpy as np
+
     return {k: float(np.mean([w[k] for w in per_step])) for k in WALLS}
+
+
+def confidence(wall: str, shares: dict[str, float], thresholds: dict[str, float],
+               gpu_shares: list[dict[str, float]], step_ns: list[list[int]], whole: bool) -> tuple[float, dict]:
+    """The probability that ``wall`` truly outscores the best other wall given how well the
+    window measured the shares (``docs/classification.md``, "Confidence"), and its numbers.
+
+    Score order is the sign of the margin ``m = s_wall - k * s_other`` (k = t_wall / t_other).
+    Each share's error: ``SHARE_NOISE`` plus the step's relative spread over sqrt(steady steps);
+    ranks that split the step differently add the spread of their own margins. With n steady
+    steps the spread is itself estimated from n, so m / sigma is read on Student's t with n - 1
+    degrees of freedom; one step (or the whole capture) measures no spread: at most 0.5."""
+    import numpy as np
+
+    from .stats import t
+
+    other = max((w for w in WALLS if w != wall), key=lambda w: shares[w] / thresholds[w])
+    k = thresholds[wall] / thresholds[other]
+    margin = shares[wall] - k * shares[other]
+    n = min((len(s) for s in step_ns), default=0)
+    spread = step_spread(step_ns)
+    per_gpu = np.array([g[wall] - k * g[other] for g in gpu_shares], float)
+    rank_var = float(per_gpu.var(ddof=1)) if len(per_gpu) > 1 else 0.0
+    sigma = sqrt((1 + k * k) * (SHARE_NOISE ** 2 + spread ** 2 / max(n, 1)) + rank_var)
+    if n >= 2:
+        p = 1.0 - t.sf(margin / sigma, n - 1)
+    else:
+        p = min(0.5 * (1 + erf(margin / (sigma * sqrt(2)))), WHOLE_CAPTURE_CAP)
+    if whole:
+        p = min(p, WHOLE_CAPTURE_CAP)
+    return round(p, 3), dict(margin=round(margin, 4), uncertainty=round(sigma, 4), versus=other,
+                             steady_iterations=n, step_spread=round(spread, 4), whole_capture=whole)
+
+
+def step_spread(step_ns: list[list[int]]) -> float:
+    """Relative spread of the step: per-iteration (median over GPUs of std/mean, or
+    ``UNMEASURED_SPREAD`` when a GPU has one step) combined with the spread of the GPUs' mean
+    steps (one synchronous job should have one)."""
+    import numpy as np
+
+    steps = [np.asarray(s, float) for s in step_ns if len(s)]
+    if not steps or min(len(s) for s in steps) < 2:
+        per_iter = UNMEASURED_SPREAD
+    else:
+        per_iter = float(np.median([s.std(ddof=1) / s.mean() for s in steps]))
+    means = np.array([s.mean() for s in steps]) if steps else np.zeros(1)
+    across = float(means.std(ddof=1) / means.mean()) if len(means) > 1 and means.mean() > 0 else 0.0
+    return sqrt(per_iter ** 2 + across ** 2)

@@ -187,7 +187,9 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
     d = Diagnosis(
         inputs=list(paths),
         verdict=dict(wall=verdict.wall, confidence=verdict.confidence, runner_up=verdict.runner_up,
-                     summary=_summary(verdict, shares, job.walls_ns, job.stragglers), scores=verdict.scores),
+                     summary=_summary(verdict, shares, job.walls_ns, job.stragglers), scores=verdict.scores,
+                     confidence_basis=verdict.confidence_basis,
+                     straggler_blame_share=verdict.straggler_blame_share),
         walls=_walls(job, shares),
         window=iterations.window_section(job), devices=_devices(job), stragglers=job.stragglers,
         collectives=job.comm.collectives, fixes=chosen, evidence=analyzers.job_evidence(job, numbers),
@@ -228,16 +230,23 @@ def _classify(job: Job, blamed: list[dict]) -> tuple[classify.Verdict, dict[str,
     its = [r.iterations for r in job.records]
     late_walls = [classify.straggler_wall(s["gpu"], per_gpu_ns, its) for s in blamed]
     straggler_wall = late_walls[0][0] if blamed else None
-    job.walls_ns = classify.job_walls(per_gpu_ns, its, [r.comm.exposed_wait_ns for r in job.records],
-                                      [s["gpu"] for s in blamed], straggler_wall)
+    step_walls = classify.gpu_step_walls(per_gpu_ns, its, [r.comm.exposed_wait_ns for r in job.records],
+                                         [s["gpu"] for s in blamed], straggler_wall)
+    job.walls_ns = classify.job_walls(step_walls)
     job.step_ns = float(np.mean([r.analysis.window.window_ns / r.iterations for r in job.records]))
     job.stragglers = stragglers.straggler_rows(job, blamed, late_walls)
     shares = {w: (v / job.step_ns if job.step_ns else 0.0) for w, v in job.walls_ns.items()}
     if straggler_wall:
-        return classify.decide_with_straggler(shares, thresholds, straggler_wall, blamed[0]["blame_share"]), shares
-    if memory.memory_bound(job):
-        return classify.decide_memory_bound(shares, thresholds), shares
-    return classify.decide(shares, thresholds), shares
+        verdict = classify.decide_with_straggler(shares, thresholds, straggler_wall, blamed[0]["blame_share"])
+    elif memory.memory_bound(job):
+        verdict = classify.decide_memory_bound(shares, thresholds)
+    else:
+        verdict = classify.decide(shares, thresholds)
+    gpu_shares = [{w: v / max(sum(g.values()), 1) for w, v in g.items()} for g in step_walls]
+    verdict.confidence, verdict.confidence_basis = classify.confidence(
+        verdict.wall, shares, thresholds, gpu_shares, [r.analysis.window.step_ns for r in job.records],
+        iterations.window_source(job) == "whole")
+    return verdict, shares
 
 
 def _devices(job: Job) -> list[dict]:

@@ -90,8 +90,8 @@ def run_case(path: str) -> dict:
         if zlib.crc32(path.encode()) % 3 == 0:
             render_text(d)
         out["outcome"] = "diagnosed"
-        out["nan"] = any(isinstance(v, float) and not math.isfinite(v)
-                         for v in (d.walls[w]["share"] for w in d.walls))
+        out["share_problem"] = _share_problem(d)
+        out["unsplit"] = _unsplit(d)
     except ProfileError as exc:
         out["outcome"] = "error"
         out["message"] = str(exc)
@@ -103,6 +103,28 @@ def run_case(path: str) -> dict:
     out["seconds"] = time.monotonic() - t
     out["unchanged"] = sha256(Path(path)) == before
     return out
+
+
+def _share_problem(d) -> str | None:
+    """What is wrong with the wall shares and the confidence, or None: both must be finite and
+    the confidence within 0..1 (a NaN share once went unnoticed here)."""
+    shares = [d.walls[w]["share"] for w in d.walls]
+    conf = d.verdict["confidence"]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in shares + [conf]):
+        return f"not finite: shares {shares}, confidence {conf}"
+    return None if 0 <= conf <= 1 else f"confidence {conf} outside 0..1"
+
+
+def _unsplit(d) -> bool:
+    """Shares that are not a split of the step (some below 0, or not summing to 1). The
+    documented exception to "shares sum to 1": exports whose damaged timestamps (negative,
+    inverted, near +-2^63) overflow the window give negative walls or steps, a known
+    window/loader bug (counted as ``unsplit`` in the fuzz report, not failed). An empty
+    window (step 0 ms) has every share 0 and is not counted."""
+    shares = [d.walls[w]["share"] for w in d.walls]
+    if d.window["step_ms"]["mean"] == 0 and not any(shares):
+        return False
+    return min(shares) < 0 or abs(sum(shares) - 1) > 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -132,17 +154,21 @@ def _check(results: list[dict], label: str) -> None:
     slow = [r for r in results if r["seconds"] > HANG_S]
     changed = [r for r in results if not r["unchanged"]]
     multiline = [r for r in results if r["outcome"] == "error" and not r["one_line"]]
+    bad_shares = [r for r in results if r.get("share_problem")]
     _record(f"{label}_cases", len(results))
     _record(f"{label}_diagnosed", sum(r["outcome"] == "diagnosed" for r in results))
     _record(f"{label}_errors", sum(r["outcome"] == "error" for r in results))
     _record(f"{label}_crashes", len(crashes))
     _record(f"{label}_hangs_over_{HANG_S}s", len(slow))
     _record(f"{label}_inputs_changed", len(changed))
+    _record(f"{label}_bad_shares", len(bad_shares))
+    _record(f"{label}_unsplit", sum(bool(r.get("unsplit")) for r in results))
     _record(f"{label}_case_max_ms", int(1000 * max((r["seconds"] for r in results), default=0)))
     assert not crashes, "\n".join(f"{r['path']}: {r['message']}" for r in crashes[:20])
     assert not slow, [(r["path"], r["seconds"]) for r in slow]
     assert not changed, [r["path"] for r in changed]
     assert not multiline, [r["message"] for r in multiline]
+    assert not bad_shares, [(r["path"], r["share_problem"]) for r in bad_shares[:20]]
 
 
 # ---------------------------------------------------------------------------------------

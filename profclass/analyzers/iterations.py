@@ -312,7 +312,7 @@ def window_section(job: Job) -> dict:
     else:
         job_steps = max(per_it, key=len)
     gpus = [r.gpu for r in job.records]
-    return dict(source=_window_source(job), sources={g.label: g.window_source for g in gpus},
+    return dict(source=window_source(job), sources={g.label: g.window_source for g in gpus},
                 iterations=int(np.median([r.iterations for r in job.records])),
                 # mean: the step every share and ms/step refers to (mean over GPUs of their
                 # steady windows); the spread comes from the per-iteration steps
@@ -322,7 +322,7 @@ def window_section(job: Job) -> dict:
                              per_iteration=[round(float(x), 3) for x in job_steps]))
 
 
-def _window_source(job: Job) -> str:
+def window_source(job: Job) -> str:
     """Where the job's step came from: the weakest source a GPU found it by on its own
     (GPUs that took the job's step, ``job``, add none); ``whole`` if any GPU has no step."""
     own = {r.gpu.window_source for r in job.records} - {"job"}
@@ -333,7 +333,7 @@ def missing(job: Job) -> list[str]:
     """When the window is weak: no step, a step some GPUs did not find, few steps, or ranks
     whose steps disagree."""
     recs = job.records
-    if _window_source(job) == "whole":
+    if window_source(job) == "whole":
         return ["iterations (no NVTX iteration ranges and no periodic kernel pattern: the whole "
                 "capture was diagnosed as one window; a capture shorter than one iteration looks "
                 "like this)"]
