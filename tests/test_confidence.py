@@ -63,9 +63,10 @@ def test_straggler_blame_share_is_its_own_field(diagnosis):
 
 @pytest.mark.parametrize("name", ["comm_4gpu", "mcore_pp4_m4_perrank", "mcore_ep4_base", "host_1gpu"])
 def test_real_confidence_follows_its_basis(name, diagnosis):
-    """On real captures: two steady steps (mcore_ep4_base, mcore_pp4_m4_perrank) or ranks whose
-    walls differ (PP stages) give less than a clear, many-step single verdict."""
-    v = diagnosis(name).verdict
+    """On real captures: two steady steps (mcore_ep4_base) or ranks whose own walls differ
+    give less than a clear, many-step single verdict."""
+    d = diagnosis(name)
+    v = d.verdict
     b = v["confidence_basis"]
     assert 0 <= v["confidence"] <= 1 and b["uncertainty"] > 0
     assert (v["confidence"] > 0.5) == (b["margin"] > 0)
@@ -73,8 +74,8 @@ def test_real_confidence_follows_its_basis(name, diagnosis):
         assert v["confidence"] < 0.95
     if name == "host_1gpu":
         assert v["confidence"] > 0.99 and b["steady_iterations"] >= 3
-    if name == "mcore_pp4_m4_perrank":  # ranks split comm vs host differently: barely better than a coin
-        assert v["confidence"] < 0.7
+    if len({dv["wall"] for dv in d.devices}) > 1:  # ranks whose own walls differ: never near-certain
+        assert v["confidence"] < 0.95
 
 
 @pytest.mark.parametrize("name", ["comm_4gpu", "imbalance_4gpu", "mcore_pp4_m4_perrank", "memory_offload_1gpu"])

@@ -86,10 +86,10 @@ def test_one_job_one_answer(diagnosis):
     assert not one.stragglers and not per_rank.stragglers
 
 
-@pytest.mark.xfail(strict=True, reason="rank 2's periodicity window in the per-rank capture holds 36 ms of "
-                   "compute per step against 53 on every other rank (iterations.py, the trust issue): "
-                   "communication 44% vs 49%")
 def test_one_job_shares_within_5_points(diagnosis):
+    """The same PP=4 job as one report and as per-rank reports (two captures, 221 vs 205 ms by
+    the workload's timer): one step for the job (every rank takes the consensus window) keeps
+    the shares within 5 points."""
     one, per_rank = diagnosis("mcore_pp4_m4"), diagnosis("mcore_pp4_m4_perrank")
     for w in one.walls:
         assert abs(one.walls[w]["share"] - per_rank.walls[w]["share"]) <= 0.05, w
