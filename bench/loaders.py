@@ -173,6 +173,15 @@ def _adbc_per_process(path: str) -> int:
     return rows
 
 
+def _refuses_write(write, note: str = "") -> str:
+    """'yes (...)' when the transport refuses the write, 'NO: ...' when it wrote."""
+    try:
+        write()
+        return "NO: wrote to the file"
+    except Exception as exc:  # noqa: BLE001 - any refusal is the answer we want
+        return f"yes ({note}{type(exc).__name__}: {str(exc).splitlines()[0][:60]})"
+
+
 def readonly_ok(name: str, path: str) -> str:
     """Whether the candidate opened the file without write access (it must fail to write)."""
     if name == "adbc":
@@ -180,20 +189,15 @@ def readonly_ok(name: str, path: str) -> str:
         con = adbc.connect(uri(path))
         cur = con.cursor()
         try:
-            cur.execute("CREATE TABLE profclass_probe (x)")
-            return "NO: wrote to the file"
-        except Exception as exc:  # noqa: BLE001 - any refusal is the answer we want
-            return f"yes ({type(exc).__name__}: {str(exc).splitlines()[0][:60]})"
+            return _refuses_write(lambda: cur.execute("CREATE TABLE profclass_probe (x)"))
         finally:
             cur.close()
             con.close()
     if name == "duckdb_sqlite":
         con = _duckdb_attached(path)
         try:
-            con.execute("CREATE TABLE nsys.profclass_probe (x INTEGER)")
-            return "NO: wrote to the file"
-        except Exception as exc:  # noqa: BLE001 - any refusal is the answer we want
-            return f"yes (READ_ONLY attach; {type(exc).__name__}: {str(exc).splitlines()[0][:60]})"
+            return _refuses_write(lambda: con.execute("CREATE TABLE nsys.profclass_probe (x INTEGER)"),
+                                  "READ_ONLY attach; ")
         finally:
             con.close()
     if name in ("adbc_rowid_ranges", "adbc_per_process"):
