@@ -82,6 +82,29 @@ def _targets(paths: list[str], out: str | None) -> tuple[str, str, list[str]]:
     return os.path.join(directory, f"{stem}.profclass.json"), os.path.join(directory, f"{stem}.profclass.md"), notes
 
 
+def _as_paths(given) -> list[str]:
+    """One path or several, as strings (bytes and path-likes decoded)."""
+    if isinstance(given, (str, bytes)) or hasattr(given, "__fspath__"):
+        given = [given]
+    return [os.fsdecode(p) for p in given]
+
+
+def _write_reports(json_path: str, md_path: str, record: dict, md: str, messages: list[str]) -> bool:
+    """Write the JSON record and the Markdown report; a directory we cannot write to is a
+    message (the job's exit code stays the hook's), not a failure."""
+    try:
+        with open(json_path, "w") as fh:
+            json.dump(record, fh, indent=2, default=_jsonable)
+            fh.write("\n")
+        with open(md_path, "w") as fh:
+            fh.write(md)
+        return True
+    except OSError as exc:
+        messages.append(f"profclass: error: {os.path.dirname(json_path)}: cannot write the reports "
+                        f"({exc.strerror}); pass --out DIR")
+        return False
+
+
 def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_above: float | None = None,
              iteration_regex: str | None = None, strict: bool = False, min_effect: float | None = None,
              alpha: float | None = None) -> HookResult:
@@ -93,12 +116,7 @@ def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_a
     from .diff import ALPHA, MIN_EFFECT, diff, one_line as diff_line, render_markdown as diff_md
     from .pipeline import diagnose
 
-    if isinstance(profiles, (str, bytes)) or hasattr(profiles, "__fspath__"):
-        profiles = [profiles]
-    paths = [os.fsdecode(p) for p in profiles]
-    if isinstance(baseline, (str, bytes)) or hasattr(baseline, "__fspath__"):
-        baseline = [baseline]
-    baseline = [os.fsdecode(p) for p in baseline] if baseline else []
+    paths, baseline = _as_paths(profiles), _as_paths(baseline) if baseline else []
     bad_input = EXIT_BAD_INPUT if strict else EXIT_OK
     try:
         d = diagnose(paths, iteration_regex=iteration_regex)
@@ -134,16 +152,10 @@ def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_a
                         input_sha256=input_hashes(paths + baseline),
                         summary=line, exit_code=code, diagnosis=d.to_dict(), diff=r.to_dict() if r else None))
     md = report.render_markdown(d) + ("\n" + diff_md(r) if r else "")
-    try:
-        with open(json_path, "w") as fh:
-            json.dump(record, fh, indent=2, default=_jsonable)
-            fh.write("\n")
-        with open(md_path, "w") as fh:
-            fh.write(md)
+    written = _write_reports(json_path, md_path, record, md, messages)
+    if written:
         line += f"; report {json_path}"
-    except OSError as exc:
-        messages.append(f"profclass: error: {os.path.dirname(json_path)}: cannot write the reports "
-                        f"({exc.strerror}); pass --out DIR")
+    else:
         json_path = md_path = None
     return HookResult(code, line, json_path, md_path, d, r, messages)
 

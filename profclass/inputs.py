@@ -93,6 +93,36 @@ NSYS_HELP = ("install NVIDIA Nsight Systems (the CUDA toolkit ships it; or run s
              "export made where nsys is with 'nsys export --type sqlite REPORT.nsys-rep'")
 
 
+def _run_export(nsys: str, path: str, tmp: str, message: str, progress):
+    """Run ``nsys export`` into ``tmp``; returns (exit code, last output, last percentage
+    shown, whether it was killed for taking longer than EXPORT_TIMEOUT_S)."""
+    tail = b""
+    try:
+        proc = subprocess.Popen([nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
+                                 "--output", tmp, path], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        raise ProfileError(path, f"cannot run nsys export ({exc.strerror})") from None
+    # nsys redraws "Processing N events: [==42%   ]" with carriage returns, written in
+    # pieces (a redraw can span reads): follow it on the text read so far
+    timed_out = threading.Event()
+    timer = threading.Timer(EXPORT_TIMEOUT_S, lambda: (timed_out.set(), proc.kill()))
+    timer.start()
+    shown = 0
+    try:
+        while chunk := proc.stdout.read1(4096):
+            tail = (tail + chunk)[-4096:]
+            pct = NSYS_PERCENT.findall(tail[-(len(chunk) + 128):])
+            if progress and pct and int(pct[-1]) > shown:
+                shown = min(int(pct[-1]), 100)
+                progress(message, shown / 100)
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+        proc.stdout.close()
+    return rc, tail, shown, timed_out
+
+
 def export_nsys_rep(path: str, progress=None, scratch: str | None = None) -> str:
     """``nsys export --type sqlite`` into the cache, named by the report's content hash (so a
     renamed or moved report is not exported twice); reused while the report is unchanged.
@@ -119,30 +149,7 @@ def export_nsys_rep(path: str, progress=None, scratch: str | None = None) -> str
     message = f"exporting {os.path.basename(path)} with nsys"
     if progress:
         progress(message, 0.0)
-    tail = b""
-    try:
-        proc = subprocess.Popen([nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
-                                 "--output", tmp, path], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    except OSError as exc:
-        raise ProfileError(path, f"cannot run nsys export ({exc.strerror})") from None
-    # nsys redraws "Processing N events: [==42%   ]" with carriage returns, written in
-    # pieces (a redraw can span reads): follow it on the text read so far
-    timed_out = threading.Event()
-    timer = threading.Timer(EXPORT_TIMEOUT_S, lambda: (timed_out.set(), proc.kill()))
-    timer.start()
-    shown = 0
-    try:
-        while chunk := proc.stdout.read1(4096):
-            tail = (tail + chunk)[-4096:]
-            pct = NSYS_PERCENT.findall(tail[-(len(chunk) + 128):])
-            if progress and pct and int(pct[-1]) > shown:
-                shown = min(int(pct[-1]), 100)
-                progress(message, shown / 100)
-        rc = proc.wait()
-    finally:
-        timer.cancel()
-        proc.stdout.close()
+    rc, tail, shown, timed_out = _run_export(nsys, path, tmp, message, progress)
     if rc != 0 or not os.path.exists(tmp):
         with contextlib.suppress(OSError):
             os.remove(tmp)
