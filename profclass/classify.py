@@ -137,7 +137,8 @@ def job_walls(per_step: list[dict[str, float]]) -> dict[str, float]:
 
 
 def confidence(wall: str, shares: dict[str, float], thresholds: dict[str, float],
-               gpu_shares: list[dict[str, float]], step_ns: list[list[int]], whole: bool) -> tuple[float, dict]:
+               gpu_shares: list[dict[str, float]], step_ns: list[list[int]], whole: bool,
+               floor: float | None = None) -> tuple[float, dict]:
     """The probability that ``wall`` truly outscores the best other wall given how well the
     window measured the shares (``docs/classification.md``, "Confidence"), and its numbers.
 
@@ -145,17 +146,22 @@ def confidence(wall: str, shares: dict[str, float], thresholds: dict[str, float]
     Each share's error: ``SHARE_NOISE`` plus the step's relative spread over sqrt(steady steps);
     ranks that split the step differently add the spread of their own margins. With n steady
     steps the spread is itself estimated from n, so m / sigma is read on Student's t with n - 1
-    degrees of freedom; one step (or the whole capture) measures no spread: at most 0.5."""
+    degrees of freedom; one step (or the whole capture) measures no spread: at most 0.5.
+
+    ``floor``: a verdict decided by a share crossing a floor rather than by outscoring the
+    other walls (the memory-bound rule: the charged recompute is at least that share of the
+    step) is as sure as that crossing: the margin is ``s_wall - floor``."""
     import numpy as np
 
     from .stats import t
 
     other = max((w for w in WALLS if w != wall), key=lambda w: shares[w] / thresholds[w])
-    k = thresholds[wall] / thresholds[other]
-    margin = shares[wall] - k * shares[other]
+    k = thresholds[wall] / thresholds[other] if floor is None else 0.0
+    base = k * shares[other] if floor is None else floor
+    margin = shares[wall] - base
     n = min((len(s) for s in step_ns), default=0)
     spread = step_spread(step_ns)
-    per_gpu = np.array([g[wall] - k * g[other] for g in gpu_shares], float)
+    per_gpu = np.array([g[wall] - (k * g[other] if floor is None else floor) for g in gpu_shares], float)
     rank_var = float(per_gpu.var(ddof=1)) if len(per_gpu) > 1 else 0.0
     sigma = sqrt((1 + k * k) * (SHARE_NOISE ** 2 + spread ** 2 / max(n, 1)) + rank_var)
     if n >= 2:
@@ -165,7 +171,8 @@ def confidence(wall: str, shares: dict[str, float], thresholds: dict[str, float]
     if whole:
         p = min(p, WHOLE_CAPTURE_CAP)
     return round(p, 3), dict(margin=round(margin, 4), uncertainty=round(sigma, 4), versus=other,
-                             steady_iterations=n, step_spread=round(spread, 4), whole_capture=whole)
+                             floor=floor, steady_iterations=n, step_spread=round(spread, 4),
+                             whole_capture=whole)
 
 
 def step_spread(step_ns: list[list[int]]) -> float:

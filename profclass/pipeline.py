@@ -242,10 +242,13 @@ def _classify(job: Job, blamed: list[dict]) -> tuple[classify.Verdict, dict[str,
         verdict = classify.decide_memory_bound(shares, thresholds)
     else:
         verdict = classify.decide(shares, thresholds)
+    # the memory-bound rule decides by the charged recompute crossing its floor, not by outscoring
+    floor = memory.MEMORY_BOUND_MIN_SHARE if (verdict.wall == "memory" and not straggler_wall
+                                              and memory.memory_bound(job)) else None
     gpu_shares = [{w: v / max(sum(g.values()), 1) for w, v in g.items()} for g in step_walls]
     verdict.confidence, verdict.confidence_basis = classify.confidence(
         verdict.wall, shares, thresholds, gpu_shares, [r.analysis.window.step_ns for r in job.records],
-        iterations.window_source(job) == "whole")
+        iterations.window_source(job) == "whole", floor=floor)
     return verdict, shares
 
 

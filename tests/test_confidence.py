@@ -13,8 +13,8 @@ TH = {"compute": 0.5, "communication": 0.5, "host": 0.5, "memory": 0.5}
 SHARES = {"compute": 0.6, "communication": 0.0, "host": 0.4, "memory": 0.0}
 
 
-def conf(steps, gpu_shares=None, whole=False, shares=SHARES):
-    return classify.confidence("compute", shares, TH, gpu_shares or [shares], steps, whole)
+def conf(steps, gpu_shares=None, whole=False, shares=SHARES, wall="compute", floor=None):
+    return classify.confidence(wall, shares, TH, gpu_shares or [shares], steps, whole, floor=floor)
 
 
 def test_hand_computed_case():
@@ -89,3 +89,24 @@ def test_real_shares_split_the_step(name, diagnosis):
     assert all(math.isfinite(s) and s >= 0 for s in shares) and sum(shares) == pytest.approx(1, abs=1e-3)
     total_ms = sum(d.walls[w]["ms_per_step"] for w in classify.WALLS)
     assert total_ms == pytest.approx(PROFILES[name]["workload_step_ms"], rel=0.1)
+
+
+@pytest.mark.parametrize("name", ["mcore_memwall_full", "memory_1gpu"])
+def test_memory_bound_confidence_is_that_of_crossing_its_floor(name, diagnosis):
+    """The memory-bound rule decides by the charged recompute crossing its floor, not by
+    outscoring the other walls: confidence is taken on that margin (memory wins here with a
+    smaller share than host or compute, which must not read as 'shares against the verdict')."""
+    from profclass.analyzers.memory import MEMORY_BOUND_MIN_SHARE
+
+    d = diagnosis(name)
+    v, b = d.verdict, d.verdict["confidence_basis"]
+    assert v["wall"] == "memory" and d.memory["memory_bound"]
+    assert b["floor"] == MEMORY_BOUND_MIN_SHARE
+    assert b["margin"] == pytest.approx(d.walls["memory"]["share"] - MEMORY_BOUND_MIN_SHARE, abs=0.002)
+    assert (v["confidence"] > 0.5) == (b["margin"] > 0)
+
+
+def test_a_share_below_the_floor_is_not_confident():
+    c, basis = conf([[100] * 6], shares={"compute": 0.6, "communication": 0, "host": 0.32, "memory": 0.08},
+                    wall="memory", floor=0.10)
+    assert c < 0.5 and basis["floor"] == 0.10
