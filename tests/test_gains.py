@@ -59,7 +59,7 @@ def test_priced_pairs_meet_the_target_where_captures_are_consistent(rows):
     assert sum(r["ok"] for r in priced) >= 4
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met: 5 of 11, the misses "
+@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met: 5 of 12, the misses "
                    "explained in docs/fixes.md (host-bound captures: a change moves time into launch waits)")
 def test_issue_target_80_percent_of_pairs(rows):
     assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
