@@ -161,10 +161,16 @@ def _ended_within(sorted_ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np
 # gain models (ms per step) from the job numbers; see docs/fixes.md
 def _bigger_microbatch(n: dict) -> Gain:
     """Twice the micro-batch: half the launches per sample (half the launch-late idle per unit
-    of work) and kernels whose grids left SMs unfilled fill them; per the base step's work."""
+    of work) and kernels whose grids left SMs unfilled fill them; per the base step's work.
+    High end: every launch-late wait and unfilled SM gone, and the waits inside collectives too,
+    since in a launch-bound job a peer's lateness is its launch overhead, which shrinks alike
+    (a user may also pick more than twice the micro-batch)."""
     launch, low_sm = n["idle_launch_ms"], n["compute_ms"] * max(0.0, 1.0 - n["sm_busy"])
-    return gain("bigger_microbatch", 0.5 * (launch + low_sm), 0.5 * launch, launch + low_sm, launch + low_sm,
-                f"half of launch-late idle {launch:.1f} + unfilled-SM compute {low_sm:.1f} ms/step")
+    wait = n.get("comm_wait_ms") or 0.0
+    return gain("bigger_microbatch", 0.5 * (launch + low_sm), 0.5 * launch, launch + low_sm + wait,
+                launch + low_sm + wait,
+                f"half of launch-late idle {launch:.1f} + unfilled-SM compute {low_sm:.1f} ms/step "
+                f"(up to all of them and the {wait:.1f} ms/step of waits for peers)")
 
 
 GAINS = {

@@ -53,7 +53,7 @@ def _holds(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, flo
         return str(sb.get(key)) == a and str(sc.get(key)) == b, 1.0
     if kind == "up":
         vb, vc = _number(sb.get(arg)), _number(sc.get(arg))
-        return bool(vb and vc and vc > vb), (vc / vb) if vb and vc else 1.0
+        return bool(vb and vc and vc > vb), _work_ratio(sb, sc, (vc / vb) if vb and vc else 1.0)
     if kind == "kernels":
         return not kb[arg] and kc[arg], 1.0
     if kind == "library":
@@ -61,6 +61,23 @@ def _holds(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, flo
     if kind == "graphs":
         return not kb["graphs"] and kc["graphs"], 1.0
     raise ValueError(f"fixes.toml applied_when: unknown condition {cond!r}")
+
+
+def _work(s: dict) -> float | None:
+    """Sequences per step on one data-parallel rank: the global batch when given (the same
+    divisor on both sides), else micro-batch size x micro-batches; None when neither is set."""
+    gbs = _number(s.get("--global-batch-size"))
+    if gbs:
+        return gbs
+    mbs, m = _number(s.get("--micro-batch-size")), _number(s.get("--num-microbatches"))
+    return (mbs or 1) * (m or 1) if (mbs or m) else None
+
+
+def _work_ratio(sb: dict, sc: dict, flag_ratio: float) -> float:
+    """Candidate work over base work: from the batch flags of both sides when they say it (a
+    bigger micro-batch with fewer micro-batches is the same work), else the changed flag's ratio."""
+    wb, wc = _work(sb), _work(sc)
+    return wc / wb if wb and wc else flag_ratio
 
 
 def _predicted(fix_id: str, b) -> dict:
