@@ -40,7 +40,7 @@ def _kernel_signs(d) -> dict:
                 graphs=any((dv["features"].get("graph_launches") or 0) > 0 for dv in d.devices))
 
 
-def _holds(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
+def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
     """Whether one ``applied_when`` condition holds, and the work ratio (candidate / base)."""
     kind, _, arg = cond.partition(":")
     if kind == "on":
@@ -95,7 +95,7 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float) -> list[dict]:
     sb, sc, kb, kc = _settings(b), _settings(c), _kernel_signs(b), _kernel_signs(c)
     rows = []
     for fix in load_table():
-        hits = [(cond, ratio) for cond in fix.get("applied_when", []) for ok, ratio in [_holds(cond, sb, sc, kb, kc)]
+        hits = [(cond, ratio) for cond in fix.get("applied_when", []) for ok, ratio in [_applied(cond, sb, sc, kb, kc)]
                 if ok]
         if not hits:
             continue
