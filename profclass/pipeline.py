@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from copy import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -149,7 +149,11 @@ def _agree_across_files(summaries, files, regex, keep_timelines):
             forced.setdefault(g.source, {})[(g.pid, g.device)] = (job, bounds)
     out = list(summaries)
     for src, hint in forced.items():
-        out[src] = summarise_file(files[src].given, files[src].sqlite, src, regex, keep_timelines, hint)
+        # only the processes holding those GPUs are read again; the others keep their summary
+        redone = summarise_file(files[src].given, files[src].sqlite, src, regex, keep_timelines, hint)
+        pids = {g.pid for g in redone.gpus}
+        kept = [g for g in summaries[src].gpus if g.pid not in pids]
+        out[src] = replace(summaries[src], gpus=sorted(kept + redone.gpus, key=lambda g: (g.pid, g.device)))
     return out
 
 
@@ -236,15 +240,15 @@ def _classify(job: Job, blamed: list[dict]) -> tuple[classify.Verdict, dict[str,
     job.step_ns = float(np.mean([r.analysis.window.window_ns / r.iterations for r in job.records]))
     job.stragglers = stragglers.straggler_rows(job, blamed, late_walls)
     shares = {w: (v / job.step_ns if job.step_ns else 0.0) for w, v in job.walls_ns.items()}
+    memory_bound = not straggler_wall and memory.memory_bound(job)
     if straggler_wall:
         verdict = classify.decide_with_straggler(shares, thresholds, straggler_wall, blamed[0]["blame_share"])
-    elif memory.memory_bound(job):
+    elif memory_bound:
         verdict = classify.decide_memory_bound(shares, thresholds)
     else:
         verdict = classify.decide(shares, thresholds)
     # the memory-bound rule decides by the charged recompute crossing its floor, not by outscoring
-    floor = memory.MEMORY_BOUND_MIN_SHARE if (verdict.wall == "memory" and not straggler_wall
-                                              and memory.memory_bound(job)) else None
+    floor = memory.MEMORY_BOUND_MIN_SHARE if memory_bound else None
     gpu_shares = [{w: v / max(sum(g.values()), 1) for w, v in g.items()} for g in step_walls]
     verdict.confidence, verdict.confidence_basis = classify.confidence(
         verdict.wall, shares, thresholds, gpu_shares, [r.analysis.window.step_ns for r in job.records],

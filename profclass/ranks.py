@@ -202,10 +202,12 @@ def summarise_file(given: str, sqlite: str | None, source: int, iteration_regex:
 def _summarise_sqlite(given, sqlite, source, iteration_regex, keep_timelines, forced=None) -> FileSummary:
     """One export, one process at a time (``load_by_process``): peak memory follows the
     largest process, not the file; the per-process summaries are joined as one file's.
-    ``forced`` is keyed by (pid, device), so each process takes its own GPUs' entries."""
+    ``forced`` is keyed by (pid, device), so each process takes its own GPUs' entries, and
+    only the processes it names are read again."""
     parts = []
+    pids = {pid for pid, _ in forced} if forced else None
     try:
-        for prof in load_by_process(sqlite, api_names=API_CALLS_USED):
+        for prof in load_by_process(sqlite, api_names=API_CALLS_USED, pids=pids):
             prof.path = given
             parts.append(summarise_profile(prof, source, iteration_regex, keep_timelines, forced))
             del prof

@@ -62,7 +62,8 @@ def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
         con.close()
 
 
-def load_by_process(path: str, api_names: re.Pattern | None = None) -> Iterator[RawProfile]:
+def load_by_process(path: str, api_names: re.Pattern | None = None,
+                    pids: set[int] | None = None) -> Iterator[RawProfile]:
     """The export one process at a time: a ``RawProfile`` per process with kernels, holding
     only that process's rows, plus the file-wide GPU properties, metrics and metadata (shared
     by all). The next process is read in a thread while the caller works on the current one,
@@ -70,7 +71,8 @@ def load_by_process(path: str, api_names: re.Pattern | None = None) -> Iterator[
 
     Order: the first process the kernel scan meets (read while the scan goes on to find the
     others, so a one-process file costs no extra pass), then the others by pid. A file whose
-    kernels carry no process ids (or that has no kernels) comes as one ``load``.
+    kernels carry no process ids (or that has no kernels) comes as one ``load``. ``pids``:
+    only these processes (the re-read of the GPUs that must take the job's step).
     """
     con, schema, strings = _open(path)
     try:
@@ -87,6 +89,12 @@ def load_by_process(path: str, api_names: re.Pattern | None = None) -> Iterator[
             except SQLITE_FAILURES as exc:
                 raise ProfileError(path, sqlite_problem(exc)) from None
             others = sorted({int(p) for p, _ in rows} - {int(first[0])})
+            if pids is not None:
+                others = [p for p in others if p in pids]
+                if int(first[0]) not in pids:  # read beside the scan before the pids were known
+                    if not others:
+                        return
+                    ahead = pool.submit(_read_one_process, path, api_names, others.pop(0))
             for nxt in others + [None]:
                 current = ahead
                 if nxt is not None:  # queued behind the current read, runs while the caller works
