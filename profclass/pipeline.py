@@ -124,9 +124,10 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
 
 
 def _agree_across_files(summaries, files, regex, keep_timelines):
-    """One step for the job over all its GPUs, whichever exports hold them; a file whose GPUs did not find the job's step is
-    summarised again with it, at the reference GPU's step boundaries (clocks aligned on
-    shadow copies of the compact summaries, so the real ones are shifted once, later)."""
+    """One step for the job over all its GPUs, whichever exports hold them; the processes whose
+    GPUs did not find the job's step are summarised again with it, at the reference GPU's step
+    boundaries (clocks aligned on shadow copies of the compact summaries, so the real ones are
+    shifted once, later)."""
     # also within one export: it is read one process at a time (ranks._summarise_sqlite), so
     # its GPUs agree here, not inside the per-process summaries
     gpus = [g for fs in summaries for g in fs.gpus]
