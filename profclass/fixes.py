@@ -60,10 +60,12 @@ def gain_text(f: dict) -> str:
     return f"~{f['expected_gain_ms']:.1f} ms/step{pct}, range {f['gain_low_ms']:.1f} to {f['gain_high_ms']:.1f}"
 
 
-def predict_by_id(fix_id: str, numbers: dict, step_ms: float) -> dict:
-    """``predict`` for the table's fix ``fix_id``, whether or not it applies to the profile."""
+def predict_by_id(fix_id: str, numbers: dict, step_ms: float, change: dict | None = None) -> dict:
+    """``predict`` for the table's fix ``fix_id``, whether or not it applies to the profile.
+    ``change``: what the applied change was where a model takes it (``microbatch_factor``: the
+    micro-batch grew that many times; otherwise the model prices its stated default)."""
     fix = next(f for f in load_table() if f["id"] == fix_id)
-    return predict(fix, numbers, step_ms)
+    return predict(fix, {**numbers, **(change or {})}, step_ms)
 
 
 def _applies(fix: dict, ctx: dict, flags: dict) -> bool:

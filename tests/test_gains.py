@@ -52,15 +52,24 @@ def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows,
 
 
 def test_priced_pairs_meet_the_target_where_captures_are_consistent(rows):
-    """Of the priced pairs, every miss is one docs/fixes.md attributes to the capture or to a
-    host-bound straggler; today 4 of the 7 priced pairs meet the target (5 of 10 with the
-    layout analyzer's pipeline numbers, measured in a trial merge: docs/fixes.md)."""
+    """Of the priced pairs, every miss is one docs/fixes.md attributes to the capture (host-bound
+    under tracing, a host that ran faster in one run, an allocator stall); 12 of 18 meet the
+    target today."""
     priced = [r for r in rows if r["pred"]["expected_gain_ms"] is not None]
-    assert sum(r["ok"] for r in priced) >= 4
+    assert sum(r["ok"] for r in priced) >= 12
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met: 5 of 12, the misses "
-                   "explained in docs/fixes.md (host-bound captures: a change moves time into launch waits)")
+def test_held_out_gpu_bound_pairs_meet_the_target(rows):
+    """The gpubound pairs were captured after the models were written (capture_layouts.sh
+    gpubound, gpubound_pp), on jobs the GPU paces under tracing: 5 of their 6 meet the target
+    (the miss: a step of the candidate with an allocator stall near memory capacity)."""
+    held_out = [r for r in rows if r["pair"]["base"].startswith("mcore_gb_")]
+    assert len(held_out) == 6
+    assert sum(r["ok"] for r in held_out) >= 5
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met: 12 of 18, the misses "
+                   "explained in docs/fixes.md (host-bound captures, a faster host in one run, an allocator stall)")
 def test_issue_target_80_percent_of_pairs(rows):
     assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
 
@@ -86,14 +95,35 @@ def test_pipeline_models_price_only_with_the_layout_numbers():
     schedule, p2p = 300 / 7, 60 - 300 / 7 - 10
     saved = schedule * (1 - (3 / 11) / (3 / 7))
     assert g.estimate_ms == pytest.approx(saved - p2p)
-    assert g.low_ms == pytest.approx(saved - 2 * p2p) and g.high_ms == pytest.approx(saved) and g.ceiling_ms == 60.0
-    # a launch-bound job: the doubled chunk switches can cost up to the launch-late idle again
+    # low: nothing saved, the doubled p2p part paid (or the launch-late idle again, if lower)
+    assert g.low_ms == pytest.approx(min(saved - 2 * p2p, -p2p)) and g.high_ms == pytest.approx(saved)
+    assert g.ceiling_ms == 60.0
     assert GAINS["pp_interleave"]({**n, "idle_launch_ms": 20.0}).low_ms == pytest.approx(saved - 2 * p2p - 20)
+    # Megatron's batch_p2p_sync: 8.5 device syncs per step, one per exchange of 1F1B (m + (p-1)/2
+    # = 5.5 of them: share 1); VPP 2 has m v + (p-1) + (v-1) p = 15: 9.5 more, each costing the
+    # host refill (launch-late + after-sync idle over all host syncs: 20 / 10 = 2 ms)
+    synced = {**n, "idle_launch_ms": 15.0, "idle_sync_ms": 5.0, "host_syncs_per_step": 10.0,
+              "device_syncs_per_step": 8.5}
+    assert GAINS["pp_interleave"](synced).estimate_ms == pytest.approx(saved - p2p - 9.5 * 2.0)
+    # no device syncs after the exchanges: no such cost
+    assert GAINS["pp_interleave"]({**synced, "device_syncs_per_step": 0.0}).estimate_ms == pytest.approx(saved - p2p)
     # a large p2p part outweighs what interleaving saves: it predicts a loss
     assert GAINS["pp_interleave"]({**n, "pp_bubble_ms": 90.0, "stage_imbalance_ms": 0.0}).estimate_ms < 0
     assert GAINS["pp_more_microbatches"](n).estimate_ms == pytest.approx(schedule / 2)
     # the once-per-step DP reduction is shared by twice the work too
     assert GAINS["pp_more_microbatches"]({**n, "exposed_dp_ms": 8.0}).estimate_ms == pytest.approx((schedule + 8) / 2)
+
+
+def test_bigger_microbatch_gains_what_the_gpu_waited_for_the_host():
+    # host issue time 90 of a 100 ms step; the GPU waited 40 for launches and 20 for late peers;
+    # compute 20 with SMs half busy (10 unfilled)
+    n = _numbers(idle_launch_ms=40.0, comm_wait_ms=20.0, compute_ms=20.0, sm_busy=0.5, host_issue_ms=90.0)
+    g = GAINS["bigger_microbatch"](n)
+    assert g.estimate_ms == pytest.approx(45.0 + 5.0)  # 2x: the host saves 45 <= 60 waited; half the unfilled SMs
+    assert GAINS["bigger_microbatch"]({**n, "microbatch_factor": 4.0}).estimate_ms == pytest.approx(60.0 + 7.5)
+    # a GPU-bound job (the GPU waited little for its host) gains little, whatever the factor
+    gpu_bound = {**n, "idle_launch_ms": 2.0, "comm_wait_ms": 0.0, "sm_busy": 1.0, "microbatch_factor": 8.0}
+    assert GAINS["bigger_microbatch"](gpu_bound).estimate_ms == pytest.approx(2.0)
 
 
 def test_dp_overlap_pipelines_reductions_behind_backward():
@@ -146,7 +176,9 @@ def test_diff_states_the_predicted_gain_of_the_fix_the_pair_applies(pair, diagno
     r = diff(b, c)
     row = next((f for f in r.fix_gains if f["fix"] == pair["fix"]), None)
     assert row is not None, f"diff did not recognise {pair['fix']} in {[f['fix'] for f in r.fix_gains]}"
-    want = predict(next(f for f in load_table() if f["id"] == pair["fix"]), b.numbers, b.window["step_ms"]["mean"])
+    # the change the pair made, as diff reads it off the flags (e.g. micro-batch 1 -> 4)
+    want = predict(next(f for f in load_table() if f["id"] == pair["fix"]),
+                   {**b.numbers, **pair.get("change_inputs", {})}, b.window["step_ms"]["mean"])
     assert row["predicted_gain_ms"] == want["expected_gain_ms"]
     scale = 2.0 if pair["realized"] == "per_microbatch" else 1.0
     assert row["realized_gain_ms"] == pytest.approx(r.step["base_ms"] - r.step["candidate_ms"] / scale, abs=0.01)

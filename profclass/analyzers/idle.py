@@ -28,6 +28,9 @@ ALLOC_CALLS = re.compile(r"^(cudaMalloc(?!Async)|cudaFree(?!Async)|cudaMallocHos
 SYNC_CALLS = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|"
                         r"cudaThreadSynchronize|cuCtxSynchronize|cuStreamSynchronize|"
                         r"cuEventSynchronize|cudaMemcpy$|cudaMemcpy2D$|cuMemcpyDtoH|cuMemcpyHtoD$)")
+# the host waits for the whole device, not one stream: what Megatron's batch_p2p_sync does after
+# every pipeline p2p exchange (a drain of every queue)
+DEVICE_SYNC_CALLS = re.compile(r"^(cudaDeviceSynchronize|cudaThreadSynchronize|cuCtxSynchronize)")
 SYNC_SLACK_NS = 50_000  # a sync that returned at most this long before the gap began caused it
 OFFLOAD_MIN_BYTES = 256 * 1024  # smaller host<->device copies are control traffic, not offload
 # offload is a round trip: what goes to the host comes back (activations out in forward, in
@@ -60,6 +63,7 @@ class IdleResult:
     alloc_call_ns: int = 0
     sync_calls: int = 0  # host syncs (and blocking pageable device-to-host copies) in the window
     sync_call_ns: int = 0
+    device_syncs: int = 0  # of which whole-device syncs (DEVICE_SYNC_CALLS)
     input_bytes: int = 0  # host-to-device input copies in the window (not offload)
     input_pageable_bytes: int = 0  # of which from pageable host memory (a blocking copy)
     input_exposed_ns: int = 0  # input copies nothing hides
@@ -110,6 +114,7 @@ def _host_calls(r: IdleResult, gpu: GpuTimeline):
     sw = (sync["start"] < hi) & (sync["end"] > lo)
     r.sync_calls = int(sw.sum()) + int(((d2h["start"] >= lo) & (d2h["start"] < hi)).sum())
     r.sync_call_ns = int((sync["end"] - sync["start"])[sw].sum())
+    r.device_syncs = int((sw & name_matches(sync["name"], DEVICE_SYNC_CALLS)).sum())
     return alloc, sync_end
 
 
@@ -160,17 +165,24 @@ def _ended_within(sorted_ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np
 
 # gain models (ms per step) from the job numbers; see docs/fixes.md
 def _bigger_microbatch(n: dict) -> Gain:
-    """Twice the micro-batch: half the launches per sample (half the launch-late idle per unit
-    of work) and kernels whose grids left SMs unfilled fill them; per the base step's work.
-    High end: every launch-late wait and unfilled SM gone, and the waits inside collectives too,
-    since in a launch-bound job a peer's lateness is its launch overhead, which shrinks alike
-    (a user may also pick more than twice the micro-batch)."""
+    """k times the micro-batch at the same work per step (k = 2 unless the change says, e.g. a
+    ``diff`` that saw 1 -> 4): the host issues 1/k of the launches, so its issue time H (the
+    step less the time its thread sat in syncs waiting for the GPU) shrinks by H (1 - 1/k).
+    That saves GPU time only where the GPU waited for the host: the launch-late idle and, in a
+    launch-bound job, the waits inside collectives for a late peer (its launch overhead, which
+    shrinks alike). Kernels whose grids left SMs unfilled fill them: (1 - 1/k) of that time.
+    Low end: only the launch-late idle shrinks; high end: all of it and the waits."""
+    k = max(float(n.get("microbatch_factor") or 2.0), 1.0)
     launch, low_sm = n["idle_launch_ms"], n["compute_ms"] * max(0.0, 1.0 - n["sm_busy"])
     wait = n.get("comm_wait_ms") or 0.0
-    return gain("bigger_microbatch", 0.5 * (launch + low_sm), 0.5 * launch, launch + low_sm + wait,
-                launch + low_sm + wait,
-                f"half of launch-late idle {launch:.1f} + unfilled-SM compute {low_sm:.1f} ms/step "
-                f"(up to all of them and the {wait:.1f} ms/step of waits for peers)")
+    issue = n.get("host_issue_ms")
+    issue = n["step_ms"] if issue is None else issue
+    host_saved, sm_saved = issue * (1.0 - 1.0 / k), low_sm * (1.0 - 1.0 / k)
+    return gain("bigger_microbatch", min(host_saved, launch + wait) + sm_saved, min(host_saved, launch) + sm_saved,
+                min(issue, launch + wait) + low_sm, launch + low_sm + wait,
+                f"{k:g}x micro-batch: host issue time {issue:.1f} ms/step falls by {host_saved:.1f}, of which the "
+                f"GPU gains what it waited for the host (launch-late idle {launch:.1f} + waits for peers "
+                f"{wait:.1f}), plus {sm_saved:.1f} of unfilled-SM compute {low_sm:.1f} ms/step")
 
 
 GAINS = {
@@ -183,11 +195,17 @@ GAINS = {
 }
 
 def numbers(job: Job) -> dict:
+    per_step = [(r.analysis.idle.sync_call_ns / r.iterations / 1e6, r.analysis.idle.sync_calls / r.iterations,
+                 r.analysis.idle.device_syncs / r.iterations) for r in job.records]
     return dict(idle_sync_ms=mean_per_step_ms(job, lambda a: a.idle.idle_sync_ns),
                 idle_launch_ms=mean_per_step_ms(job, lambda a: a.idle.idle_launch_ns),
                 idle_alloc_ms=mean_per_step_ms(job, lambda a: a.idle.idle_alloc_ns),
                 # the input pipeline: idle waiting on input copies and the copies nothing hides
-                input_ms=mean_per_step_ms(job, lambda a: a.idle.idle_input_ns + a.idle.input_exposed_ns))
+                input_ms=mean_per_step_ms(job, lambda a: a.idle.idle_input_ns + a.idle.input_exposed_ns),
+                # the host's issue time: the step less its wait in syncs; the job runs at its slowest host
+                host_issue_ms=max(job.step_ms - wait for wait, _, _ in per_step),
+                host_syncs_per_step=float(np.mean([n for _, n, _ in per_step])),
+                device_syncs_per_step=float(np.mean([d for _, _, d in per_step])))
 
 
 def facts(job: Job, numbers: dict) -> dict:

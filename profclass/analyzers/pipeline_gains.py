@@ -30,21 +30,49 @@ def _split(n: dict) -> tuple[float, float, float, float, int, int, int] | None:
     return float(bubble), schedule, imbalance, float(bubble) - schedule - imbalance, p, v, m
 
 
+def _exchanges(p: int, v: int, m: int) -> float:
+    """P2p exchanges per step of one stage, mean over stages, as Megatron's schedules issue them
+    (schedules.py): 1F1B (v = 1) one batched exchange per micro-batch plus one per warm-up step,
+    m + (p - 1 - r) on stage r; interleaved one per model-chunk step plus its longer warm-up,
+    m v + 2 (p - 1 - r) + (v - 1) p."""
+    if v == 1:
+        return m + (p - 1) / 2.0
+    return m * v + (p - 1) + (v - 1) * p
+
+
+def _sync_cost(n: dict, p: int, v: int, m: int) -> tuple[float, float, float]:
+    """(added device syncs, host refill ms per sync, ms/step) of going from v to 2v chunks.
+    Megatron's batch_p2p_sync (default on) ends every exchange in a device sync; the share of
+    exchanges that did so is read off the profile (device syncs per step / exchanges). After a
+    sync the GPU runs dry until the host issues again: the refill cost per sync is the base's
+    idle after syncs and for late launches over all its host syncs."""
+    syncs, device = n.get("host_syncs_per_step"), n.get("device_syncs_per_step")
+    if not syncs or device is None:
+        return 0.0, 0.0, 0.0
+    share = min(1.0, float(device) / _exchanges(p, v, m))
+    added = (_exchanges(p, 2 * v, m) - _exchanges(p, v, m)) * share
+    refill = (float(n.get("idle_launch_ms") or 0.0) + float(n.get("idle_sync_ms") or 0.0)) / float(syncs)
+    return added, refill, added * refill
+
+
 def interleave(n: dict) -> Gain | None:
     """v -> 2v virtual stages: the schedule bubble falls to the 2v share; stage imbalance stays;
-    each activation crosses stages twice as often, so the p2p part doubles."""
+    each activation crosses stages twice as often, so the p2p part doubles; the added exchanges
+    each cost the host a device sync and a refill (``_sync_cost``)."""
     s = _split(n)
     if s is None:
         return None
     bubble, schedule, imbalance, p2p, p, v, m = s
     saved = schedule * (1 - _theory(p, 2 * v, m) / _theory(p, v, m))
-    est = saved - p2p
-    # low: the host issues twice the chunk switches and sends; where the GPU already waits for
-    # launches that wait can grow by as much again (launch-late idle), and the p2p part again
+    added, refill, sync_ms = _sync_cost(n, p, v, m)
+    est = saved - p2p - sync_ms
+    # low: where the GPU already waits for launches the bubble saving goes into longer waits
+    # (a host-bound pipeline's bubble is its hosts' lateness): nothing saved, every cost paid
     launch = float(n.get("idle_launch_ms") or 0.0)
-    return gain("pp_interleave", est, est - p2p - launch, saved, bubble,
+    return gain("pp_interleave", est, min(est - p2p - launch, -p2p - sync_ms), saved, bubble,
                 f"schedule bubble {schedule:.1f} of the measured {bubble:.1f} ms/step falls by {saved:.1f} "
-                f"(VPP {v}->{2 * v}, p={p}, m={m}); the p2p part {p2p:.1f} doubles; imbalance {imbalance:.1f} stays")
+                f"(VPP {v}->{2 * v}, p={p}, m={m}); the p2p part {p2p:.1f} doubles; imbalance {imbalance:.1f} stays; "
+                f"{added:.1f} more device syncs per step x {refill:.2f} ms host refill = {sync_ms:.1f}")
 
 
 def more_microbatches(n: dict) -> Gain | None:

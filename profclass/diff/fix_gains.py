@@ -80,12 +80,26 @@ def _work_ratio(sb: dict, sc: dict, flag_ratio: float) -> float:
     return wc / wb if wb and wc else flag_ratio
 
 
-def _predicted(fix_id: str, b) -> dict:
-    """The base's prediction: from its numbers when it was diagnosed here, else from its stored
-    fixes list (a saved diagnosis), else unknown."""
+# flags whose growth factor a gain model takes (``predict_by_id``'s ``change``)
+_FACTOR_INPUTS = {"--micro-batch-size": "microbatch_factor"}
+
+
+def _change(cond: str, sb: dict, sc: dict) -> dict:
+    """What the detected change was, for a model that prices it (a micro-batch 1 -> 4 is 4x)."""
+    kind, _, arg = cond.partition(":")
+    vb, vc = _number(sb.get(arg)), _number(sc.get(arg))
+    if kind != "up" or arg not in _FACTOR_INPUTS or not (vb and vc):
+        return {}
+    return {_FACTOR_INPUTS[arg]: vc / vb}
+
+
+def _predicted(fix_id: str, b, change: dict) -> dict:
+    """The base's prediction for the change made: from its numbers when it was diagnosed here,
+    else from its stored fixes list (a saved diagnosis: the model's stated default change),
+    else unknown."""
     step = b.window["step_ms"]["mean"]
     if getattr(b, "numbers", None) is not None:
-        return predict_by_id(fix_id, b.numbers, step)
+        return predict_by_id(fix_id, b.numbers, step, change)
     stored = next((f for f in b.fixes if f.get("id") == fix_id), {})
     return {k: stored.get(k) for k in ("expected_gain_ms", "gain_low_ms", "gain_high_ms", "gain_basis")}
 
@@ -101,7 +115,7 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float) -> list[dict]:
             continue
         cond, ratio = hits[0]
         realized = base_ms - candidate_ms / ratio
-        p = _predicted(fix["id"], b)
+        p = _predicted(fix["id"], b, _change(cond, sb, sc))
         est, lo, hi = p.get("expected_gain_ms"), p.get("gain_low_ms"), p.get("gain_high_ms")
         rows.append(dict(fix=fix["id"], title=fix["title"], detected_by=cond,
                          predicted_gain_ms=est, gain_low_ms=lo, gain_high_ms=hi, gain_basis=p.get("gain_basis"),
