@@ -90,7 +90,7 @@ def main():
                    "must be readable at the same paths on the workers.")
 def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet, jobs, scheduler):
     """Diagnose PROFILES: one nsys export holding every rank, one export per rank, or a
-    directory of them (.sqlite, .sqlite.zst, .nsys-rep)."""
+    directory of them (.sqlite, .sqlite.zst, .sqlite.xz, .nsys-rep)."""
     from .pipeline import diagnose as run
     from .progress import reporter
     check_output(output)

@@ -20,7 +20,8 @@ from .errors import ProfileError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-PROFILE_SUFFIXES = (".sqlite", ".sqlite.zst", ".nsys-rep", ".db")
+XZ_MAGIC = b"\xfd7zXZ\x00"
+PROFILE_SUFFIXES = (".sqlite", ".sqlite.zst", ".sqlite.xz", ".nsys-rep", ".db")
 RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)", re.I)
 EXPORT_TIMEOUT_S = 3600
 DEFAULT_NSYS = "/opt/nsys/usr/lib/nsight-systems/bin/nsys"  # where get-nsys.sh installs it
@@ -50,7 +51,7 @@ def _expand(paths: list[str]) -> list[str]:
             stems = {f[: -len(".sqlite")] for f in found if f.endswith(".sqlite")}
             found = [f for f in found if not (f.endswith(".nsys-rep") and f[: -len(".nsys-rep")] in stems)]
             if not found:
-                raise ProfileError(p, "directory holds no profiles (*.sqlite, *.sqlite.zst, *.nsys-rep)")
+                raise ProfileError(p, "directory holds no profiles (*.sqlite, *.sqlite.zst, *.sqlite.xz, *.nsys-rep)")
             files.extend(found)
         else:
             files.append(p)
@@ -164,9 +165,31 @@ def export_nsys_rep(path: str, progress=None, scratch: str | None = None) -> str
     return out
 
 
+def _scratch_name(path: str, tmpdir: str) -> str:
+    """A decompressed copy's path in ``tmpdir``: unique, the compression suffix dropped."""
+    stem = re.sub(r"\.(zst|xz)$", "", os.path.basename(path))
+    return os.path.join(tmpdir, f"{len(os.listdir(tmpdir))}-{stem}")
+
+
+def _decompress_xz(path: str, tmpdir: str) -> str:
+    """An .xz (lzma, Python's standard library) copy decompressed: xz keeps SQLite exports about
+    a quarter smaller than zstd -19, which is how the larger fixtures are stored."""
+    import lzma
+    out = _scratch_name(path, tmpdir)
+    try:
+        with lzma.open(path, "rb") as fin, open(out, "wb") as fout:
+            for chunk in iter(lambda: fin.read(1 << 20), b""):
+                fout.write(chunk)
+    except EOFError:
+        raise ProfileError(path, "corrupt xz file (truncated: the compressed stream ends early)") from None
+    except lzma.LZMAError as exc:
+        raise ProfileError(path, f"corrupt xz file ({exc})") from None
+    return out
+
+
 def _decompress(path: str, tmpdir: str) -> str:
     import zstandard
-    out = os.path.join(tmpdir, f"{len(os.listdir(tmpdir))}-{os.path.basename(path)[:-4]}")
+    out = _scratch_name(path, tmpdir)
     try:
         with open(path, "rb") as fin, open(out, "wb") as fout:
             dctx = zstandard.ZstdDecompressor()
@@ -198,8 +221,8 @@ def resolve(paths: list[str], progress=None):
                     head = fh.read(16)
             except OSError as exc:
                 raise ProfileError(f, f"cannot read ({exc.strerror})") from None
-            if head.startswith(ZSTD_MAGIC):
-                sqlite = _decompress(f, tmpdir)
+            if head.startswith(ZSTD_MAGIC) or head.startswith(XZ_MAGIC):
+                sqlite = (_decompress if head.startswith(ZSTD_MAGIC) else _decompress_xz)(f, tmpdir)
                 with open(sqlite, "rb") as fh:
                     head = fh.read(16)
             elif f.endswith(".nsys-rep"):
@@ -210,6 +233,6 @@ def resolve(paths: list[str], progress=None):
             if len(head) == 0:
                 raise ProfileError(f, "empty file")
             if head != SQLITE_MAGIC:
-                raise ProfileError(f, "not an SQLite file (expected an nsys SQLite export, .sqlite.zst or .nsys-rep)")
+                raise ProfileError(f, "not an SQLite file (expected an nsys SQLite export, .sqlite.zst, .sqlite.xz or .nsys-rep)")
             out.append(InputFile(given=f, sqlite=sqlite, rank_hint=rank_from_name(f)))
         yield out

@@ -5,7 +5,7 @@ No analysis happens here: the per-file stages run in ``profclass.ranks`` (throug
 ``profclass.classify``. This module orders the stages and assembles their outputs.
 
 ``diagnose(paths)`` accepts one export holding every rank, one export per rank, or a
-directory of them (``.sqlite``, ``.sqlite.zst``, ``.nsys-rep``).
+directory of them (``.sqlite``, ``.sqlite.zst``, ``.sqlite.xz``, ``.nsys-rep``).
 """
 from __future__ import annotations
 

@@ -29,6 +29,20 @@ def profile_path(name: str) -> Path:
     return PROFILES_DIR / PROFILES[name]["path"]
 
 
+def decompress_fixture(src: Path, dst: Path) -> Path:
+    """A committed fixture (.sqlite.zst or .sqlite.xz) written out as plain SQLite at ``dst``."""
+    import lzma
+
+    import zstandard
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        if src.name.endswith(".xz"):
+            with lzma.open(fi) as x:
+                shutil.copyfileobj(x, fo, 1 << 20)
+        else:
+            zstandard.ZstdDecompressor().copy_stream(fi, fo)
+    return dst
+
+
 def find_nsys() -> str | None:
     """nsys as profclass finds it: $NSYS, PATH, then the default install prefix."""
     env = os.environ.get("NSYS")

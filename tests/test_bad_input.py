@@ -385,6 +385,27 @@ def test_bad_iteration_regex(tmp_path):
                      "not a valid regular expression (missing ), unterminated subpattern")
 
 
+def test_corrupt_xz(tmp_path):
+    import lzma
+    payload = zstandard.ZstdDecompressor().decompressobj().decompress(
+        (PROFILES / "compute_1gpu_gpumetrics.sqlite.zst").read_bytes())
+    f = tmp_path / "cut.sqlite.xz"
+    f.write_bytes(lzma.compress(payload)[:50_000])
+    assert_bad_input([f], f, "corrupt xz file")
+
+
+def test_xz_reads_like_zst(tmp_path):
+    """An .sqlite.xz is the same export as its .sqlite.zst: the same diagnosis."""
+    import lzma
+
+    import profclass
+    src = PROFILES / "compute_1gpu_gpumetrics.sqlite.zst"
+    f = tmp_path / "compute_1gpu_gpumetrics.sqlite.xz"
+    f.write_bytes(lzma.compress(zstandard.ZstdDecompressor().decompressobj().decompress(src.read_bytes())))
+    a, b = (profclass.diagnose(str(p)).to_json().replace(str(p), "INPUT") for p in (src, f))
+    assert a == b
+
+
 def test_zst_of_several_frames_reads_whole(tmp_path):
     """The completeness check must not stop at the first frame (pzstd writes several)."""
     from profclass.inputs import _decompress

@@ -8,7 +8,7 @@ Two generators:
   duplicate ids, unknown enum values, huge and non-UTF-8 strings, ``_V2`` table names).
 - ``test_corrupted_fixtures``: byte-level damage to the committed real fixtures: each is
   truncated at ``CORRUPT_TRUNCATIONS`` points and has one byte flipped at ``CORRUPT_FLIPS``
-  points (one case each). ``.sqlite.zst`` fixtures are damaged after decompression (the
+  points (one case each). ``.sqlite.zst`` / ``.sqlite.xz`` fixtures are damaged after decompression (the
   SQLite pages are what the loader parses; a damaged zstd frame is a bad-input test).
 
 Budgets: ``FUZZ_EXAMPLES`` (hypothesis cases, default 60) and ``FUZZ_FULL=1`` (every
@@ -70,7 +70,7 @@ def sha256(path: Path) -> str:
 
 
 def committed_fixtures() -> list[Path]:
-    return sorted(p for p in PROFILES.rglob("*") if p.is_file() and p.name.endswith((".sqlite.zst", ".nsys-rep")))
+    return sorted(p for p in PROFILES.rglob("*") if p.is_file() and p.name.endswith((".sqlite.zst", ".sqlite.xz", ".nsys-rep")))
 
 
 def run_case(path: str) -> dict:
@@ -178,6 +178,9 @@ def _payload(fixture: Path) -> bytes:
     data = fixture.read_bytes()
     if fixture.name.endswith(".zst"):
         return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    if fixture.name.endswith(".xz"):
+        import lzma
+        return lzma.decompress(data)
     return data
 
 

@@ -2,9 +2,8 @@
 and identifiers profclass decodes back to the pid/tid it was given."""
 import sqlite3
 
-import zstandard
 
-from conftest import profile_path
+from conftest import decompress_fixture, profile_path
 from nsys_builder import DEFAULT_TABLES, NsysExportBuilder, global_pid, global_tid
 from profclass.load import load
 
@@ -19,8 +18,7 @@ def schema_of(path, tables):
 
 def test_built_ddl_equals_a_real_export(tmp_path):
     real = tmp_path / "real.sqlite"
-    with open(profile_path("comm_4gpu"), "rb") as fin, open(real, "wb") as fout:
-        zstandard.ZstdDecompressor().copy_stream(fin, fout)
+    decompress_fixture(profile_path("comm_4gpu"), real)
     built = NsysExportBuilder(tmp_path / "built.sqlite").write()
     assert schema_of(built, DEFAULT_TABLES) == schema_of(real, DEFAULT_TABLES)
 

@@ -9,9 +9,8 @@ import subprocess
 import numpy as np
 import pandas as pd
 import pytest
-import zstandard
 
-from conftest import profile_path
+from conftest import decompress_fixture, profile_path
 from profclass import intervals as iv
 from profclass.analyzers import analyse_gpu
 from profclass.analyzers.iterations import detect_iterations
@@ -30,8 +29,7 @@ def export(tmp_path_factory):
     def get(name: str) -> str:
         if name not in made:
             out = tmp_path_factory.mktemp(name) / f"{name}.sqlite"
-            with open(profile_path(name), "rb") as fin, open(out, "wb") as fout:
-                zstandard.ZstdDecompressor().copy_stream(fin, fout)
+            decompress_fixture(profile_path(name), out)
             made[name] = str(out)
         return made[name]
 

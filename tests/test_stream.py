@@ -5,9 +5,8 @@ import stat
 
 import pandas as pd
 import pytest
-import zstandard
 
-from conftest import profile_path
+from conftest import decompress_fixture, profile_path
 from profclass.load import load, load_by_process
 from profclass.ranks import API_CALLS_USED
 
@@ -16,9 +15,7 @@ PER_PROCESS = ("kernels", "memcpy", "memset", "runtime", "nvtx", "memory_events"
 
 def _export(tmp_path, name):
     src = profile_path(name)
-    dst = tmp_path / (src.name[:-4] if src.name.endswith(".zst") else src.name)
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
-        zstandard.ZstdDecompressor().copy_stream(fi, fo)
+    dst = decompress_fixture(src, tmp_path / src.name.rsplit(".", 1)[0])
     os.chmod(dst, stat.S_IRUSR | stat.S_IRGRP)  # not as root, a reader that tried to write would fail
     return str(dst)
 
