@@ -53,23 +53,24 @@ def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows,
 
 def test_priced_pairs_meet_the_target_where_captures_are_consistent(rows):
     """Of the priced pairs, every miss is one docs/fixes.md attributes to the capture (host-bound
-    under tracing, a host that ran faster in one run, an allocator stall); 12 of 18 meet the
+    under tracing, a host that ran faster in one run, a step-long host stall); 13 of 20 meet the
     target today."""
     priced = [r for r in rows if r["pred"]["expected_gain_ms"] is not None]
-    assert sum(r["ok"] for r in priced) >= 12
+    assert sum(r["ok"] for r in priced) >= 13
 
 
 def test_held_out_gpu_bound_pairs_meet_the_target(rows):
     """The gpubound pairs were captured after the models were written (capture_layouts.sh
-    gpubound, gpubound_pp), on jobs the GPU paces under tracing: 5 of their 6 meet the target
-    (the miss: a step of the candidate with an allocator stall near memory capacity)."""
+    gpubound, gpubound_pp; gpubound2 after the host-issue terms), on jobs the GPU paces under
+    tracing: 6 of their 8 meet the target (the misses: interleaving, where one of the
+    candidate's three captured steps held a 140-170 ms host pause)."""
     held_out = [r for r in rows if r["pair"]["base"].startswith("mcore_gb_")]
-    assert len(held_out) == 6
-    assert sum(r["ok"] for r in held_out) >= 5
+    assert len(held_out) == 8
+    assert sum(r["ok"] for r in held_out) >= 6
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met: 12 of 18, the misses "
-                   "explained in docs/fixes.md (host-bound captures, a faster host in one run, an allocator stall)")
+@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met: 13 of 20, the misses "
+                   "explained in docs/fixes.md (host-bound captures, a faster host in one run, host pauses)")
 def test_issue_target_80_percent_of_pairs(rows):
     assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
 
