@@ -57,7 +57,7 @@ def test_regression_pair_details(diagnosis):
     assert top["collective"] == "all_to_all"
     assert top["delta_ms_per_step"] > 0.5 * r.step["delta_ms"]
     assert top["base"]["count_per_step"] == pytest.approx(top["candidate"]["count_per_step"])
-    a2a = next(c for c in r.components if c["metric"] == "all_to_all exposed")
+    a2a = next(c for c in r.components if c["metric"] == "all_to_all (EP) exposed")
     assert a2a["delta"] == pytest.approx(r.walls_delta_ms["communication"], rel=0.1)
     assert {"key": "--dispatch-copies", "base": None, "candidate": "2", "source": "command line"} in r.config_changes
 
@@ -74,7 +74,7 @@ def test_improvement_pair_details(diagnosis):
     assert any("hidden under compute" in c for c in r.communication["changes"])
     assert any(c["key"] == "--overlap-grad-reduce" for c in r.config_changes)
     assert any(k.startswith("ncclDevKernel_AllReduce") for k in r.appeared)
-    assert "all_reduce exposed" in r.verdict["summary"]
+    assert "all_reduce (DP) exposed" in r.verdict["summary"]
 
 
 @pytest.mark.parametrize("name", sorted({p[k] for p in PAIRS for k in ("base", "candidate")}))
@@ -233,3 +233,15 @@ def test_normalise_name_keeps_what_matters():
     assert normalise_name("nvjet_sm90_tst_256x128_64x4_2x1_v_bz_TNT") == \
         normalise_name("nvjet_sm90_tst_128x256_64x5_1x2_v_bz_TNT")
     assert normalise_name("f<(int)1>(int, T1)") == "f<(int)N>"
+
+
+def test_pipeline_send_recv_is_not_an_all_to_all(diagnosis):
+    """PP send/recv and the EP all-to-all share NCCL's SendRecv kernel: the diff's communication
+    rows keep them apart by group, and the text names the PP one as such."""
+    r = diff(diagnosis("mcore_pp2_ep2_m4"), diagnosis("mcore_pp2_ep2_vpp2_m4"))
+    groups = {(m["collective"], m["group"]) for m in r.communication["collectives"]}
+    assert {("all_to_all", "PP"), ("all_to_all", "EP")} <= groups
+    pp = next(m for m in r.communication["collectives"] if m["group"] == "PP" and m["collective"] == "all_to_all")
+    assert pp["candidate"]["calls_per_step"] > pp["base"]["calls_per_step"]  # VPP 2: more exchanges
+    text = render_text(r, width=400)
+    assert "PP send/recv" in text and "all_to_all (EP)" in text

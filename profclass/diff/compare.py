@@ -67,20 +67,41 @@ def _feature_ms(d: Diagnosis, key: str, scale: float = 1e-6) -> float:
     return float(np.mean([v / it for v, it in zip(vals, its)])) * scale if vals else 0.0
 
 
+def collective_label(collective: str, group: str | None) -> str:
+    """How a (collective, group) row is named to a reader: NCCL's SendRecv inside the PP group
+    is the pipeline's send/recv, not an all-to-all; other groups follow the collective."""
+    if group == "PP" and collective == "all_to_all":
+        return "PP send/recv"
+    return f"{collective} ({group})" if group else collective
+
+
 def _collective_rows(d: Diagnosis) -> dict[str, dict]:
+    """One row per collective and group (PP send/recv apart from the EP all-to-all that shares
+    its kernel name); a type's calls per step (kernel table) split over its groups by their
+    instance counts."""
     rows: dict[str, dict] = {}
+    instances: dict[str, dict[str, int]] = {}
     for c in d.collectives:
-        r = rows.setdefault(c["collective"], dict(group=c["group"], transfer_ms=0.0, wait_ms=0.0,
-                                                  exposed_ms=0.0, overlapped_ms=0.0, calls_per_step=0.0))
+        key = collective_label(c["collective"], c["group"])
+        r = rows.setdefault(key, dict(collective=c["collective"], group=c["group"], transfer_ms=0.0, wait_ms=0.0,
+                                      exposed_ms=0.0, overlapped_ms=0.0, calls_per_step=0.0))
         r["transfer_ms"] += c["transfer_ms_per_step"]
         r["wait_ms"] += c["wait_ms_per_step"]
         r["exposed_ms"] += c["exposed_transfer_ms_per_step"] + c["exposed_wait_ms_per_step"]
         r["overlapped_ms"] += c["overlapped_ms_per_step"]
+        by_key = instances.setdefault(c["collective"], {})
+        by_key[key] = by_key.get(key, 0) + int(c.get("instances") or 0)
+    calls: dict[str, float] = {}
     for k in d.kernels:
         if k["is_comm"] and k["collective"]:
-            r = rows.setdefault(k["collective"], dict(group="", transfer_ms=0.0, wait_ms=0.0, exposed_ms=0.0,
-                                                      overlapped_ms=0.0, calls_per_step=0.0))
-            r["calls_per_step"] += k["count_per_step"]
+            calls[k["collective"]] = calls.get(k["collective"], 0.0) + k["count_per_step"]
+    for ctype, n in calls.items():
+        shares = instances.get(ctype) or {ctype: 1}
+        total = sum(shares.values())
+        for key, count in shares.items():
+            r = rows.setdefault(key, dict(collective=ctype, group="", transfer_ms=0.0, wait_ms=0.0, exposed_ms=0.0,
+                                          overlapped_ms=0.0, calls_per_step=0.0))
+            r["calls_per_step"] += n * (count / total if total else 1.0 / len(shares))
     return rows
 
 
@@ -153,11 +174,12 @@ def _overlap_share(rows: dict[str, dict]) -> float | None:
 def _communication(b: Diagnosis, c: Diagnosis) -> dict:
     cb, cc = _collective_rows(b), _collective_rows(c)
     mix = []
-    for ctype in sorted(set(cb) | set(cc)):
-        rb, rc = cb.get(ctype), cc.get(ctype)
+    for key in sorted(set(cb) | set(cc)):
+        rb, rc = cb.get(key), cc.get(key)
         z = dict(calls_per_step=0.0, transfer_ms=0.0, wait_ms=0.0, exposed_ms=0.0, overlapped_ms=0.0)
         pick = lambda r: {k: round(float((r or z).get(k, 0.0)), 3) for k in z}  # noqa: E731
-        mix.append(dict(collective=ctype, group=(rc or rb)["group"], base=pick(rb), candidate=pick(rc),
+        mix.append(dict(collective=(rc or rb)["collective"], group=(rc or rb)["group"],
+                        base=pick(rb), candidate=pick(rc),
                         status="appeared" if rb is None else "vanished" if rc is None else "both",
                         delta_exposed_ms=round(pick(rc)["exposed_ms"] - pick(rb)["exposed_ms"], 3)))
     libs_b = _feature_libraries(b)
@@ -172,12 +194,12 @@ def _communication(b: Diagnosis, c: Diagnosis) -> dict:
         changes.append(f"communication libraries {sorted(libs_b) or ['none']} -> {sorted(libs_c) or ['none']}")
     for m in mix:
         if m["status"] != "both":
-            changes.append(f"{m['collective']} {m['status']} "
+            changes.append(f"{collective_label(m['collective'], m['group'])} {m['status']} "
                            f"({max(m['base']['calls_per_step'], m['candidate']['calls_per_step']):.1f} calls/step)")
         else:
             nb, nc = m["base"]["calls_per_step"], m["candidate"]["calls_per_step"]
             if abs(nc - nb) >= max(0.5, 0.1 * nb):
-                changes.append(f"{m['collective']} calls per step {nb:.1f} -> {nc:.1f}")
+                changes.append(f"{collective_label(m['collective'], m['group'])} calls per step {nb:.1f} -> {nc:.1f}")
     if ov_b is not None and ov_c is not None and abs(ov_c - ov_b) >= 0.05:
         changes.append(f"communication hidden under compute {100 * ov_b:.0f}% -> {100 * ov_c:.0f}%")
     return dict(collectives=mix, dispatcher=dict(base=disp_b, candidate=disp_c),

@@ -5,7 +5,7 @@ import io
 
 from ..classify import WALLS
 from ..formatting import md_cell, p_value, shorten, signed_ms
-from .compare import DiffResult
+from .compare import DiffResult, collective_label
 from .fix_gains import fix_gain_lines
 
 
@@ -98,7 +98,7 @@ def _print_communication(con, r: DiffResult) -> None:
                     ("collective", "calls base", "calls cand", "exposed base", "exposed cand", "overlapped base",
                      "overlapped cand"), ("collective",))
         for m in comm["collectives"]:
-            tb.add_row(m["collective"], f"{m['base']['calls_per_step']:.1f}", f"{m['candidate']['calls_per_step']:.1f}",
+            tb.add_row(collective_label(m["collective"], m["group"]), f"{m['base']['calls_per_step']:.1f}", f"{m['candidate']['calls_per_step']:.1f}",
                        f"{m['base']['exposed_ms']:.2f}", f"{m['candidate']['exposed_ms']:.2f}",
                        f"{m['base']['overlapped_ms']:.2f}", f"{m['candidate']['overlapped_ms']:.2f}")
         con.print(tb)
