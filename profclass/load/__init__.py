@@ -36,7 +36,7 @@ from .profile import RawProfile
 from .schema import Schema, column_or, pid_expr, string_table
 from .tables import (NVTX_EMPTY, nvtx_empty, read_gpu_metrics, read_gpus, read_kernels, read_memcpy,
                      read_memory_events, read_memset, read_meta, read_nvtx, read_runtime)
-from .transport import BUSY_TIMEOUT_S, LOADER, SQLITE_FAILURES, connect_readonly, sqlite_problem
+from .transport import BUSY_TIMEOUT_S, LOADER, SQLITE_FAILURES, connect_readonly, release_memory, sqlite_problem
 
 __all__ = ["BUSY_TIMEOUT_S", "LOADER", "SQLITE_FAILURES", "RawProfile", "Schema", "connect_readonly", "load",
            "load_by_process"]
@@ -66,8 +66,10 @@ def load_by_process(path: str, api_names: re.Pattern | None = None,
                     pids: set[int] | None = None) -> Iterator[RawProfile]:
     """The export one process at a time: a ``RawProfile`` per process with kernels, holding
     only that process's rows, plus the file-wide GPU properties, metrics and metadata (shared
-    by all). The next process is read in a thread while the caller works on the current one,
-    so at most two processes' rows are in memory, whatever the file's size.
+    by all). The next process is read in a thread while the caller works on the current one
+    when processes are small (``READ_AHEAD_MAX_BYTES``), else after it, so at most two (or one)
+    processes' rows are in memory, whatever the file's size; freed memory goes back to the OS
+    between processes (``release_memory``).
 
     Order: the first process the kernel scan meets (read while the scan goes on to find the
     others, so a one-process file costs no extra pass), then the others by pid. A file whose
@@ -96,12 +98,27 @@ def load_by_process(path: str, api_names: re.Pattern | None = None,
                         return
                     ahead = pool.submit(_read_one_process, path, api_names, others.pop(0))
             for nxt in others + [None]:
-                current = ahead
-                if nxt is not None:  # queued behind the current read, runs while the caller works
+                frames, missing = ahead.result()
+                ahead = None
+                if nxt is not None and _nbytes(frames) <= READ_AHEAD_MAX_BYTES:
+                    ahead = pool.submit(_read_one_process, path, api_names, nxt)  # while the caller works
+                yield _with_shared(shared, frames, missing)
+                release_memory()  # the caller is done with that process
+                if nxt is not None and ahead is None:
                     ahead = pool.submit(_read_one_process, path, api_names, nxt)
-                yield _with_shared(shared, *current.result())
     finally:
         con.close()
+
+
+# The next process is read while the caller works on the current one only when the current
+# one's tables (the size to expect of the next) take at most this much: a process of a 1 GB
+# 4-GPU export (~130 MiB) is read ahead, one of a 4 GB export (~510 MiB) after the one before
+# it is done (its analysis holds ~1.3 GiB; both at once would pass 2 GiB)
+READ_AHEAD_MAX_BYTES = 256 * 2**20
+
+
+def _nbytes(frames: dict) -> int:
+    return int(sum(df.memory_usage(index=False).sum() for df in frames.values() if df is not None))
 
 
 def _shared(con, schema: Schema, strings: str | None, path: str, rows: list) -> RawProfile:
