@@ -47,27 +47,49 @@ def normalise_name(name: str) -> str:
     return _NUMBER.sub("N", n)
 
 
+_META_COLUMNS = ["full_name", "library", "collective", "is_comm", "is_gemm", "is_fp8"]
+
+
 def gpu_kernel_agg(ops: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame | None:
     """One GPU's ops that start inside ``window``, by (full_name, op): count, ns and the
     name's library/collective/flags; None when nothing starts inside."""
     lo, hi = window
-    inside = ops[(ops["start"] >= lo) & (ops["start"] < hi)]
-    if inside.empty:
+    start = ops["start"].to_numpy(np.int64)
+    rows = np.flatnonzero((start >= lo) & (start < hi))
+    if not rows.size:
         return None
-    dur = (inside["end"] - inside["start"]).to_numpy(dtype=np.int64)
-    fn = inside["full_name"]
-    if isinstance(fn.dtype, pd.CategoricalDtype):
-        # group on the name codes (same groups, same first-seen order), decode once per group
-        agg = (pd.DataFrame({"code": fn.cat.codes.to_numpy(), "op": inside["op"].to_numpy(), "dur": dur})
-               .groupby(["code", "op"], sort=False, observed=True).agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
+    dur = ops["end"].to_numpy(np.int64)[rows] - start[rows]
+    fn, op = ops["full_name"], ops["op"]
+    if isinstance(fn.dtype, pd.CategoricalDtype) and isinstance(op.dtype, pd.CategoricalDtype):
+        # (name code, op code) packed into one integer, groups in first-seen order (as
+        # groupby(sort=False)), sums by a sorted reduce: no copy of the window's rows
+        fcode = fn.cat.codes.to_numpy()[rows].astype(np.int64)
+        ocode = op.cat.codes.to_numpy()[rows].astype(np.int64)
+        keep = (fcode >= 0) & (ocode >= 0)  # groupby drops missing keys
+        if not keep.all():
+            fcode, ocode, dur, rows = fcode[keep], ocode[keep], dur[keep], rows[keep]
+            if not rows.size:
+                return None
+        n_op = len(op.cat.categories)
+        group, keys = pd.factorize(fcode * n_op + ocode)
+        order = np.argsort(group, kind="stable")
+        bounds = np.flatnonzero(np.r_[True, np.diff(group[order]) != 0])
         labels = np.asarray(fn.cat.categories.astype(str), dtype=object)
-        agg.insert(0, "full_name", pd.array(labels[agg.pop("code").to_numpy()], dtype="str"))
+        op_labels = np.asarray(op.cat.categories.astype(str), dtype=object)
+        agg = pd.DataFrame({"full_name": pd.array(labels[keys // n_op], dtype="str"),
+                            "op": pd.array(op_labels[keys % n_op], dtype="str"),
+                            "count": np.bincount(group).astype(np.int64),
+                            "ns": np.add.reduceat(dur[order], bounds).astype(np.int64)})
+        # the first op of each name, in first-seen order (drop_duplicates("full_name"))
+        _, first = np.unique(fcode, return_index=True)
+        meta = ops.take(rows[np.sort(first)])[_META_COLUMNS]
     else:
-        agg = (pd.DataFrame({"full_name": fn.astype(str).to_numpy(), "op": inside["op"].to_numpy(), "dur": dur})
+        inside = ops.take(rows)
+        agg = (pd.DataFrame({"full_name": fn.take(rows).astype(str).to_numpy(), "op": inside["op"].to_numpy(),
+                             "dur": dur})
                .groupby(["full_name", "op"], sort=False, observed=True)
                .agg(count=("dur", "size"), ns=("dur", "sum")).reset_index())
-    meta = inside.drop_duplicates("full_name")[["full_name", "library", "collective", "is_comm",
-                                                 "is_gemm", "is_fp8"]]
+        meta = inside.drop_duplicates("full_name")[_META_COLUMNS]
     meta = meta.assign(full_name=meta["full_name"].astype(str))
     return agg.merge(meta, on="full_name", how="left")
 

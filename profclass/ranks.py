@@ -121,15 +121,20 @@ def summarise_profile(prof, source: int, iteration_regex: str | None,
     # the per-table frames are in ops now; analyzers read only these small ones of the profile
     prof.kernels = (prof.file_devices if prof.file_devices is not None
                     else prof.kernels[["device"]].drop_duplicates())
-    prof.memcpy = prof.memset = prof.memcpy.iloc[:0]
+    # (copies of no rows: a slice of no rows would keep the whole table's arrays alive)
+    prof.memcpy = prof.memset = prof.memcpy.iloc[:0].copy()
     own = {}  # (pid, device) -> (iterations, source, marker, periods, step_info): one GPU at a time
-    for g in iter_gpus(prof, source, ops):
+    reuse = {}  # a one-GPU pass: its sorted API calls and NVTX ranges, for the second loop
+    for g in iter_gpus(prof, source, ops, reuse):
         it.detect_iterations(g, iteration_regex)
         own[(g.pid, g.device)] = _found(g)
+        del g  # else the last GPU's copies live on beside the next loop's first
+    if reuse:  # the second loop takes the GPU's own copies: the process's frames are not read again
+        prof.runtime, prof.nvtx = prof.runtime.iloc[:0].copy(), prof.nvtx.iloc[:0].copy()
     job = it.consensus([f[4] for f in own.values()])
     ref = _file_reference(own, job)
     gpus = []
-    for g in iter_gpus(prof, source, ops):
+    for g in iter_gpus(prof, source, ops, reuse):
         _restore(g, own[(g.pid, g.device)])
         step = own[(g.pid, g.device)][4]
         if forced and (g.pid, g.device) in forced:
@@ -174,12 +179,13 @@ class _Found:
 def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines: bool) -> GpuSummary:
     analysis = analyse_gpu(g, prof)
     o = g.ops
-    comp = o[(o["op"] == "kernel") & ~o["is_comm"]]
-    comm = o[o["is_comm"] & (o["op"] == "kernel")]
+    is_kernel, is_comm = (o["op"] == "kernel").to_numpy(), o["is_comm"].to_numpy(bool)
+    comp = o.loc[is_kernel & ~is_comm, ["start", "end"]]  # the columns read: no copy of the others
+    comm = o.loc[is_kernel & is_comm, COMM_COLUMNS]
     return GpuSummary(
         source=source, path=g.path, pid=g.pid, device=g.device, rank=g.rank, window=g.window,
         window_source=g.window_source, iterations=g.iterations, analysis=analysis,
-        ops=comm[COMM_COLUMNS].reset_index(drop=True),
+        ops=comm.reset_index(drop=True),
         compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
         kernel_agg=gpu_kernel_agg(g.ops, g.window), step=step,
         timeline=g if keep_timelines else None)

@@ -91,13 +91,17 @@ def build_ops(prof: RawProfile) -> pd.DataFrame:
         return build_ops_pandas(prof)
     parts = [("kernel", k)] + [(op, df) for df, op in ((prof.memcpy, "memcpy"), (prof.memset, "memset"))
                                 if not df.empty]
-    num = {c: np.concatenate([df[c].to_numpy(np.int64) for _, df in parts])
-           for c in ("start", "end", "device", "pid", "stream", "correlation")}
+    def stacked(c: str, kernels: bool = True, copies: bool = True):
+        """One int64 column over the parts: the kernels' and/or the copies' values, else 0."""
+        return lambda: np.concatenate([df[c].to_numpy(np.int64) if (kernels if op == "kernel" else copies)
+                                       else np.zeros(len(df), np.int64) for op, df in parts])
+    # the columns the order and the launch join need now; the others are stacked one at a
+    # time as they are put in order (a 4 GB export's process: ~200 MB less at once)
+    num = {c: stacked(c)() for c in ("start", "end", "pid", "correlation")}
+    later = {"device": stacked("device"), "stream": stacked("stream"), "grid": stacked("grid", copies=False),
+             "block": stacked("block", copies=False), "graph_node": stacked("graph_node", copies=False),
+             "bytes": stacked("bytes", kernels=False)}
     n_k = len(k)
-    zeros = [np.zeros(len(df), np.int64) for _, df in parts[1:]]
-    for c in ("grid", "block", "graph_node"):
-        num[c] = np.concatenate([k[c].to_numpy(np.int64)] + zeros)
-    num["bytes"] = np.concatenate([np.zeros(n_k, np.int64)] + [df["bytes"].to_numpy(np.int64) for _, df in parts[1:]])
     flags = {"pinned": np.concatenate([np.zeros(n_k, bool)] + [
         (df["pinned"].to_numpy(bool) if op == "memcpy" else np.zeros(len(df), bool)) for op, df in parts[1:]])}
 
@@ -128,6 +132,8 @@ def build_ops(prof: RawProfile) -> pd.DataFrame:
     for c in OPS_COLUMNS:
         if c in num:
             cols[c] = num.pop(c)[order]
+        elif c in later:
+            cols[c] = later.pop(c)()[order]
         elif c in flags:
             cols[c] = flags.pop(c)[order]
         elif c in strs:
@@ -266,9 +272,14 @@ def split_gpus(prof: RawProfile, source: int, ops: pd.DataFrame) -> list[GpuTime
     return list(iter_gpus(prof, source, ops))
 
 
-def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame):
+def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame, reuse: dict | None = None):
     """The GPUs of one export, one at a time in (pid, device) order: a caller that reduces
-    each to numbers holds one GPU's copy of the rows at a time, not all of them."""
+    each to numbers holds one GPU's copy of the rows at a time, not all of them.
+
+    ``reuse``: where the table holds one GPU (a per-process pass), its process's sorted API
+    calls and NVTX ranges are left here by a first pass and taken from here by a second
+    (pass the same dict twice), so they are filtered and sorted once; then the caller may
+    drop ``prof.runtime`` and ``prof.nvtx`` in between (nothing here reads them again)."""
     # (pid, device) packed into one int64 (pids < 2^24, devices < 2^16): factorising plain
     # integers is far cheaper than a MultiIndex of pairs
     pid, dev = ops["pid"].to_numpy(np.int64), ops["device"].to_numpy(np.int64)
@@ -287,7 +298,17 @@ def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame):
             continue  # a process that only copied to this device (e.g. a peer) is not a rank
         # one GPU in the table (a per-process pass): its rows are all rows, in order already
         mine = rest if len(keys) == 1 else rest.take(rows).reset_index(drop=True)
-        yield GpuTimeline(
-            source=source, path=prof.path, pid=int(pid), device=int(device), rank=None, ops=mine,
-            runtime=prof.runtime[prof.runtime["pid"] == pid].sort_values("start").reset_index(drop=True),
-            nvtx=prof.nvtx[prof.nvtx["pid"] == pid].sort_values("start").reset_index(drop=True))
+        if reuse is not None and (pid, device) in reuse:
+            runtime, nvtx = reuse.pop((pid, device))
+        else:
+            runtime, nvtx = _process_rows(prof.runtime, pid), _process_rows(prof.nvtx, pid)
+            if reuse is not None and len(keys) == 1:
+                reuse[(pid, device)] = (runtime, nvtx)
+        yield GpuTimeline(source=source, path=prof.path, pid=int(pid), device=int(device), rank=None, ops=mine,
+                          runtime=runtime, nvtx=nvtx)
+
+
+def _process_rows(df: pd.DataFrame, pid: int) -> pd.DataFrame:
+    """One process's rows sorted by start (a per-process pass holds only its own: no filter copy)."""
+    mine = df["pid"].to_numpy() == pid
+    return (df if mine.all() else df[mine]).sort_values("start").reset_index(drop=True)

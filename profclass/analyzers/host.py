@@ -32,12 +32,12 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
     lb = kern[(kern["launch_start"] >= 0)
               & ((kern["end"] - kern["start"]) < (kern["launch_end"] - kern["launch_start"]))]
     rt = gpu.runtime
-    in_w = rt[(rt["start"] < hi) & (rt["end"] > lo)]
+    in_w = ((rt["start"] < hi) & (rt["end"] > lo)).to_numpy(bool)
     gcr = gpu.nvtx[gpu.nvtx["text"].astype(str).str.contains(GC_RANGES)]
     return HostResult(kernels=int(len(kern)), launch_bound_kernels=int(len(lb)),
                       launch_bound_kernel_ns=int((lb["end"] - lb["start"]).sum()),
                       graph_kernels=int((kern["graph_node"] != 0).sum()),
-                      graph_launches=int(name_matches(in_w["name"], GRAPH_LAUNCH).sum()),
+                      graph_launches=int((in_w & name_matches(rt["name"], GRAPH_LAUNCH)).sum()),
                       gc_ns=iv.total(clipped_set(gcr, lo, hi)) if not gcr.empty else 0)
 
 

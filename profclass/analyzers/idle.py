@@ -101,9 +101,10 @@ def _host_calls(r: IdleResult, gpu: GpuTimeline):
     """Allocator calls and the ends of host syncs near the window; counts those inside it."""
     lo, hi = gpu.window
     rt = gpu.runtime
-    rt = rt[(rt["end"] > lo - 10_000_000) & (rt["start"] < hi)]
-    alloc = rt[name_matches(rt["name"], ALLOC_CALLS)]
-    sync = rt[name_matches(rt["name"], SYNC_CALLS)]
+    near = ((rt["end"] > lo - 10_000_000) & (rt["start"] < hi)).to_numpy(bool)
+    # the few calls wanted, picked from all at once (no copy of every call near the window)
+    alloc = rt[near & name_matches(rt["name"], ALLOC_CALLS)]
+    sync = rt[near & name_matches(rt["name"], SYNC_CALLS)]
     in_w = (alloc["start"] < hi) & (alloc["end"] > lo)
     r.alloc_calls = int(in_w.sum())
     r.alloc_call_ns = int((alloc["end"] - alloc["start"])[in_w].sum())

@@ -74,7 +74,7 @@ def nvtx_iterations(gpu: GpuTimeline, regex: str) -> pd.DataFrame:
     outer = ranges["start"].to_numpy() >= np.maximum.accumulate(
         np.r_[-1, ranges["end"].to_numpy()[:-1]])
     ranges = ranges[outer]
-    ops = gpu.ops[gpu.ops["launch_start"] >= 0]
+    ops = gpu.ops.loc[(gpu.ops["launch_start"] >= 0).to_numpy(), ["start", "end", "launch_start"]]
     if ranges.empty or ops.empty:
         return pd.DataFrame()
     rs, re_ = ranges["start"].to_numpy(), ranges["end"].to_numpy()
@@ -94,7 +94,7 @@ def nvtx_iterations(gpu: GpuTimeline, regex: str) -> pd.DataFrame:
 def period_candidates(gpu: GpuTimeline, min_bursts: int = 3) -> list[tuple[float, np.ndarray, str]]:
     """(period ns, burst starts, kernel name) of every kernel name that occurs in equal bursts
     at a regular spacing. One pass per distinct name over its sorted starts."""
-    k = gpu.ops[gpu.ops["op"] == "kernel"]
+    k = gpu.ops.loc[(gpu.ops["op"] == "kernel").to_numpy(), ["start", "full_name"]]
     if len(k) < 20:
         return []
     names = k["full_name"].cat.categories
@@ -161,7 +161,7 @@ def periodic_iterations(gpu: GpuTimeline, period: float | None = None) -> pd.Dat
 def _steps_from_marks(gpu: GpuTimeline, period: float, bursts: np.ndarray) -> pd.DataFrame:
     """Iterations starting at each mark; a partial tail or head counts only if about one
     period long (a capture cut at an iteration boundary)."""
-    k = gpu.ops[gpu.ops["op"] == "kernel"]
+    k = gpu.ops.loc[(gpu.ops["op"] == "kernel").to_numpy(), ["start", "end"]]
     it_start = bursts
     it_end = np.r_[bursts[1:], bursts[-1] + period]
     last_end = k["end"].max()
@@ -288,7 +288,7 @@ def adopt_job_step(gpu: GpuTimeline, job: dict, starts: np.ndarray | None) -> No
     """Give a GPU the job's step, phase-aligned: the reference GPU's boundaries (same clock)
     over this GPU's capture, else its own kernel that repeats at the job's period."""
     its = pd.DataFrame()
-    k = gpu.ops[gpu.ops["op"] == "kernel"]
+    k = gpu.ops.loc[(gpu.ops["op"] == "kernel").to_numpy(), ["start", "end"]]
     if starts is not None and len(k):
         lo, hi = int(k["start"].min()), int(k["end"].max())
         b = starts[(starts >= lo - 0.05 * job["period_ns"]) & (starts <= hi)]

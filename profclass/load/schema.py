@@ -61,14 +61,15 @@ def pid_expr(col: str) -> str:
     return f"(({col} >> 24) & 16777215)"
 
 
-def pid_filter(col: str | None, pid: int | None) -> str:
+def pid_filter(col: str | None, pid: int | None, op: str = "=") -> str:
     """A ``... AND `` prefix for a WHERE clause keeping one process's rows (``col``: its
     globalPid/globalTid column); empty when reading every process. Put first: it rejects
     most rows of a many-process file before SQLite decodes the rest of the row (a pass over
-    the CUDA API calls ran 1.6x faster so, bench/RESULTS.md). The pid is an int, never text."""
+    the CUDA API calls ran 1.6x faster so, bench/RESULTS.md). The pid is an int, never text.
+    ``op`` "!=": every process but that one."""
     if pid is None or col is None:
         return ""
-    return f"{pid_expr(col)} = {int(pid)} AND "
+    return f"{pid_expr(col)} {'!=' if op == '!=' else '='} {int(pid)} AND "
 
 
 def column_or(cols: set, name: str, alias: str, default: str = "0") -> str:

@@ -124,6 +124,40 @@ def read_runtime(con, s: Schema, strings: str | None, missing: list,
     many calls nobody reads (cudaEventRecord, cudaStreamIsCapturing, cuKernelGetName...:
     about 70% of a training capture's API calls) never leave the database.
     """
+    got = _runtime_ids(con, s, strings, missing, api_names, pid)
+    return got if isinstance(got, pd.DataFrame) else _runtime_names(*got)
+
+
+def read_runtime_by_process(con, s: Schema, strings: str | None, missing: list,
+                            api_names: re.Pattern | None = None,
+                            other_than: int | None = None) -> dict[int, pd.DataFrame] | pd.DataFrame:
+    """``read_runtime`` of every process (but ``other_than``) in one pass over the table:
+    {pid: what ``read_runtime(..., pid=pid)`` returns} (a process without calls: absent), or
+    the empty frame every process gets where the export has no usable API calls."""
+    got = _runtime_ids(con, s, strings, missing, api_names, None, other_than)
+    if isinstance(got, pd.DataFrame):
+        return got
+    df, plain = got
+    pids = df["pid"].to_numpy()
+    uniq, inv = np.unique(pids, return_inverse=True)
+    order = np.argsort(inv, kind="stable")  # each process's rows, in table order
+    bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
+    out = {}
+    for k, p in enumerate(uniq):
+        rows = order[bounds[k]:bounds[k + 1]]
+        out[int(p)] = _runtime_names(pd.DataFrame({c: df[c].to_numpy()[rows] for c in df.columns}), plain)
+    return out
+
+
+def no_runtime_rows() -> pd.DataFrame:
+    """What ``read_runtime`` returns for a process without kept API calls."""
+    return _runtime_names(empty_frame(dict(RUNTIME_COLS, name="int64")), {})
+
+
+def _runtime_ids(con, s: Schema, strings: str | None, missing: list, api_names: re.Pattern | None,
+                 pid: int | None, other_than: int | None = None):
+    """The kept API calls with their name ids, and the plain name of each id; or the finished
+    (empty) frame where there is nothing to read."""
     T = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if not s.has(T, "start", "end") or not strings:
         missing.append("CUDA API calls (CUPTI_ACTIVITY_KIND_RUNTIME)")
@@ -144,8 +178,14 @@ def read_runtime(con, s: Schema, strings: str | None, missing: list,
     tid = "r.globalTid" if "globalTid" in c else "0"
     sql = (f"SELECT r.start, r.end, {pid_expr(tid)}, ({tid} & 16777215), "
            f"{column_or(c, 'correlationId', 'r')}, r.{name_col} FROM {s.t(T)} r "
-           f"WHERE {pid_filter('r.globalTid' if 'globalTid' in c else None, pid)}{where} AND r.end >= r.start")
-    df = query(con, sql, dict(RUNTIME_COLS, name="int64"))
+           f"WHERE {pid_filter('r.globalTid' if 'globalTid' in c else None, pid)}"
+           f"{pid_filter('r.globalTid' if 'globalTid' in c else None, other_than, '!=')}"
+           f"{where} AND r.end >= r.start")
+    return query(con, sql, dict(RUNTIME_COLS, name="int64")), plain
+
+
+def _runtime_names(df: pd.DataFrame, plain: dict) -> pd.DataFrame:
+    """Name ids -> a categorical of plain names."""
     # names travel as string ids and are mapped once per distinct id
     ids = df["name"].to_numpy()
     if not len(ids):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,11 @@ from .profile import empty_frame
 BUSY_TIMEOUT_S = float(os.environ.get("PROFCLASS_BUSY_TIMEOUT", "2"))
 # transport for the big tables: "arrow" (ADBC, the default) or "sqlite3" (for comparisons)
 LOADER = os.environ.get("PROFCLASS_LOADER", "arrow")
+# rows per Arrow batch from the ADBC driver (its default: 1024). Small batches leave millions
+# of ~8 KB column buffers in the heap of the thread that read them, where they stay as free
+# but resident memory after the table is converted; 64k-row batches are large enough to be
+# mapped and unmapped whole (4 GB export: ~500 MiB less peak RSS, same rows)
+BATCH_ROWS = 65536
 
 
 class _ExportConnection(sqlite3.Connection):
@@ -114,6 +120,10 @@ def _query_arrow(con: "_ExportConnection", sql: str, cols: dict[str, str]) -> pd
     try:
         cur = ac.cursor()
         try:
+            try:
+                cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+            except Exception:  # noqa: BLE001 - a driver without the option: its default batches
+                pass
             cur.execute(sql)
             table = cur.fetch_arrow_table()
         finally:
@@ -170,6 +180,33 @@ def _from_arrow(col, t: str):
     except pa.ArrowInvalid:
         return None
     return pd.Series(col.to_pylist(), dtype=object) if col.null_count else col.to_pandas()
+
+
+def release_memory() -> None:
+    """Hand memory that is free but still resident back to the OS: Arrow's pool, and glibc's
+    heap (``malloc_trim``; a no-op elsewhere). Between one process's pass and the next."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM = []
+
+
+def _malloc_trim():
+    if not _TRIM:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+                fn = ctypes.CDLL(None).malloc_trim  # glibc only (musl has none)
+            except (OSError, AttributeError):
+                fn = None
+        _TRIM.append(fn)
+    return _TRIM[0]
 
 
 # What reading a damaged file can raise. SQLite's error message quotes the damaged schema
