@@ -171,11 +171,12 @@ def _bigger_microbatch(n: dict) -> Gain:
     step less the time its thread sat in syncs waiting for the GPU) shrinks by H (1 - 1/k).
     That saves GPU time only where the GPU waited for the host: the launch-late idle and, in a
     launch-bound job, the waits inside collectives for a late peer (its launch overhead, which
-    shrinks alike). Kernels whose grids left SMs unfilled fill them: (1 - 1/k) of that time.
+    shrinks alike: a peer is late by at most its own launch-late idle, so the waits count up to
+    that). Kernels whose grids left SMs unfilled fill them: (1 - 1/k) of that time.
     Low end: only the launch-late idle shrinks; high end: all of it and the waits."""
     k = max(float(n.get("microbatch_factor") or 2.0), 1.0)
     launch, low_sm = n["idle_launch_ms"], n["compute_ms"] * max(0.0, 1.0 - n["sm_busy"])
-    wait = n.get("comm_wait_ms") or 0.0
+    wait = min(n.get("comm_wait_ms") or 0.0, launch)
     issue = n.get("host_issue_ms")
     issue = n["step_ms"] if issue is None else issue
     host_saved, sm_saved = issue * (1.0 - 1.0 / k), low_sm * (1.0 - 1.0 / k)
