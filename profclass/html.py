@@ -17,6 +17,7 @@ from . import timeline_view as tv
 from .classify import WALLS
 from .fixes import gain_text
 from .formatting import by_rank, layout_lines, pct, shorten, waits_ms_per_step
+from .kernels import collective_name
 
 TOP_KERNELS = 15
 KERNEL_NAME_MAX = 90  # characters of a kernel name shown (the full name is in the title attribute)
@@ -152,7 +153,7 @@ def _top_kernels(d) -> list[str]:
 def _collectives(d) -> list[str]:
     if not d.collectives:
         return ["<h2>Collectives</h2>", "<p class=\"muted\">No collectives in the steady state.</p>"]
-    rows = [[_e(c["collective"]), _e(c["group"]), _e(c["instances"]), f"{c['transfer_ms_per_step']:.2f}",
+    rows = [[_e(collective_name(c["collective"], c["group"])), _e(c["group"]), _e(c["instances"]), f"{c['transfer_ms_per_step']:.2f}",
              f"{c['wait_ms_per_step']:.2f}", f"{c['exposed_transfer_ms_per_step']:.2f}",
              f"{c['exposed_wait_ms_per_step']:.2f}", f"{c['overlapped_ms_per_step']:.2f}"]
             for c in d.collectives]

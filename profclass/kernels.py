@@ -101,3 +101,17 @@ def classify_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
     for col in table.columns:
         out[col] = table[col].to_numpy()[codes] if len(codes) else np.array([], dtype=table[col].dtype)
     return out
+
+
+def collective_name(collective: str, group: str | None = None) -> str:
+    """A collective's name for a reader: NCCL's SendRecv kernel inside the PP group is the
+    pipeline's send/recv, not an all-to-all (the kernel, and so the type, is the same)."""
+    return "send/recv" if group == "PP" and collective == "all_to_all" else collective
+
+
+def collective_label(collective: str, group: str | None = None) -> str:
+    """The name with its group, for rows that have no group column: "PP send/recv",
+    "all_to_all (EP)"."""
+    if group == "PP" and collective == "all_to_all":
+        return "PP send/recv"
+    return f"{collective} ({group})" if group else collective

@@ -9,6 +9,7 @@ from rich.table import Table
 from .classify import WALLS
 from .fixes import gain_text
 from .formatting import by_rank, layout_lines, md_cell, md_code, pct, waits_ms_per_step
+from .kernels import collective_name
 from .pipeline import Diagnosis
 
 
@@ -50,7 +51,7 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
         for col in ("collective", "group", "n", "transfer", "wait", "exposed transfer", "exposed wait", "overlapped"):
             t.add_column(col, justify="left" if col in ("collective", "group") else "right")
         for c in d.collectives:
-            t.add_row(c["collective"], c["group"], str(c["instances"]), f"{c['transfer_ms_per_step']:.2f}",
+            t.add_row(collective_name(c["collective"], c["group"]), c["group"], str(c["instances"]), f"{c['transfer_ms_per_step']:.2f}",
                       f"{c['wait_ms_per_step']:.2f}", f"{c['exposed_transfer_ms_per_step']:.2f}",
                       f"{c['exposed_wait_ms_per_step']:.2f}", f"{c['overlapped_ms_per_step']:.2f}")
         con.print(t)
@@ -98,7 +99,7 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
     if d.collectives:
         lines += ["", "| collective | group | n | transfer | wait | exposed transfer | exposed wait | overlapped |",
                   "|---|---|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {c['collective']} | {c['group']} | {c['instances']} | {c['transfer_ms_per_step']:.2f} | "
+        lines += [f"| {collective_name(c['collective'], c['group'])} | {c['group']} | {c['instances']} | {c['transfer_ms_per_step']:.2f} | "
                   f"{c['wait_ms_per_step']:.2f} | {c['exposed_transfer_ms_per_step']:.2f} | "
                   f"{c['exposed_wait_ms_per_step']:.2f} | {c['overlapped_ms_per_step']:.2f} |" for c in d.collectives]
         lines += ["", "Collectives in ms per step, mean over ranks (wait: time spent waiting for peers)."]

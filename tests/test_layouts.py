@@ -124,3 +124,22 @@ def test_command_line_can_be_ignored(monkeypatch):
     monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
     lay = build({"--pipeline-model-parallel-size": "4"}, [], {"WORLD_SIZE": "4"}, 4)
     assert lay.sizes["pp"] is None and lay.source["pp"] is None
+
+
+def test_reports_name_pp_send_recv_as_such(diagnosis):
+    """The PP group's SendRecv kernels are the pipeline's send/recv in every report, and the
+    EP all-to-all that shares the kernel name keeps its own row."""
+    import profclass
+    from conftest import profile_path
+    from profclass.html import render_html
+    from profclass.report import render_markdown, render_text
+
+    d = diagnosis("mcore_pp2_ep2_m4")
+    text = render_text(d, width=200)
+    rows = [ln for ln in text.splitlines() if "│ PP" in ln or "│ EP" in ln]
+    assert any(ln.split("│")[0].strip() == "send/recv" and "PP" in ln for ln in rows)
+    assert any(ln.split("│")[0].strip() == "all_to_all" and "EP" in ln for ln in rows)
+    assert "| send/recv | PP |" in render_markdown(d)
+    assert any(e["metric"] == "send/recv exposed transfer" for e in d.evidence)
+    html = render_html(profclass.diagnose(str(profile_path("mcore_pp2_ep2_m4")), keep_timelines=True))
+    assert "<td>send/recv</td><td>PP</td>" in html

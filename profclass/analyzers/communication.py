@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .. import intervals as iv
-from ..kernels import COLLECTIVE_TYPES
+from ..kernels import COLLECTIVE_TYPES, collective_name
 from ..timeline import GpuTimeline, comm_kernels
 from . import comm_groups, layout
 from .gainmodel import Gain, gain, share_of
@@ -343,7 +343,7 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
                        mean_per_step_ms(job, lambda a: a.communication.overlapped_comm_ns), "ms/step",
                        "communication hidden under compute")]
     for c in job.comm.collectives:
-        ev.append(evidence_row("communication", f"{c['collective']} exposed transfer",
+        ev.append(evidence_row("communication", f"{collective_name(c['collective'], c['group'])} exposed transfer",
                                c["exposed_transfer_ms_per_step"], "ms/step",
                                f"{c['group']} group; wait {c['exposed_wait_ms_per_step']} ms/step"))
     return ev

@@ -10,6 +10,7 @@ import numpy as np
 from ..classify import WALLS
 from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
+from ..kernels import collective_label
 from ..pipeline import Diagnosis, _jsonable
 from .causes import attribute
 from .fix_gains import fix_gains
@@ -65,14 +66,6 @@ def _feature_ms(d: Diagnosis, key: str, scale: float = 1e-6) -> float:
     vals = [dv["features"].get(key) or 0 for dv in d.devices]
     its = [max(dv["iterations"], 1) for dv in d.devices]
     return float(np.mean([v / it for v, it in zip(vals, its)])) * scale if vals else 0.0
-
-
-def collective_label(collective: str, group: str | None) -> str:
-    """How a (collective, group) row is named to a reader: NCCL's SendRecv inside the PP group
-    is the pipeline's send/recv, not an all-to-all; other groups follow the collective."""
-    if group == "PP" and collective == "all_to_all":
-        return "PP send/recv"
-    return f"{collective} ({group})" if group else collective
 
 
 def _collective_rows(d: Diagnosis) -> dict[str, dict]:

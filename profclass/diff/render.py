@@ -5,7 +5,8 @@ import io
 
 from ..classify import WALLS
 from ..formatting import md_cell, p_value, shorten, signed_ms
-from .compare import DiffResult, collective_label
+from ..kernels import collective_label
+from .compare import DiffResult
 from .fix_gains import fix_gain_lines
 
 
