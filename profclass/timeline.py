@@ -196,13 +196,17 @@ def _launch_times(rt: pd.DataFrame, pid: np.ndarray, corr: np.ndarray) -> tuple[
         is_launch = np.where(codes >= 0, hit_cat[np.maximum(codes, 0)], False)
     else:
         is_launch = names.astype(str).str.match(LAUNCH_CALLS).to_numpy(bool)
-    launches = rt[is_launch]
-    lpid, lcorr = launches["pid"].to_numpy(np.int64), launches["correlation"].to_numpy(np.int64)
+    # the launch calls' rows of the few columns read here, not a row filter of the whole frame
+    rows = np.flatnonzero(is_launch)
+    lpid, lcorr = rt["pid"].to_numpy(np.int64)[rows], rt["correlation"].to_numpy(np.int64)[rows]
     if (len(lpid) and lpid.min() >= 0 and lpid.max() < 2**23 and lcorr.min() >= 0 and lcorr.max() < 2**40
             and pid.min() >= 0 and pid.max() < 2**23 and corr.min() >= 0 and corr.max() < 2**40):
         # (pid, correlation) packed into one int64: a sorted-array join, no hashing of pairs
         lkey, key = (lpid << 40) | lcorr, (pid << 40) | corr
-        uniq, first = np.unique(lkey, return_index=True)  # the first call of each key
+        if len(lkey) > 1 and bool((lkey[1:] > lkey[:-1]).all()):  # one process's calls in table order, as usual
+            uniq, first = lkey, np.arange(len(lkey))  # what np.unique gives here, without the sort
+        else:
+            uniq, first = np.unique(lkey, return_index=True)  # the first call of each key
         pos = np.minimum(np.searchsorted(uniq, key), max(len(uniq) - 1, 0))
         found = (uniq[pos] == key) if len(uniq) else np.zeros(n, bool)
         at = first[pos[found]]
@@ -212,8 +216,8 @@ def _launch_times(rt: pd.DataFrame, pid: np.ndarray, corr: np.ndarray) -> tuple[
         at_all = lk[keep].get_indexer(pd.MultiIndex.from_arrays([pid, corr]))
         found = at_all >= 0
         at = np.flatnonzero(keep)[at_all[found]]
-    start[found] = launches["start"].to_numpy(np.int64)[at]
-    end[found] = launches["end"].to_numpy(np.int64)[at]
+    start[found] = rt["start"].to_numpy(np.int64)[rows[at]]
+    end[found] = rt["end"].to_numpy(np.int64)[rows[at]]
     return start, end
 
 

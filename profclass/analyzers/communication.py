@@ -127,7 +127,9 @@ def analyse_ranks(job: Job) -> CommAnalysis:
         rec.comm = rc
     ctx = (gpus, [g.compute for g in gpus], [r.iterations for r in job.records], ranks)
     rows, matched = [], 0
-    pairs = sorted({(str(c), str(g)) for k in kernels for c, g in zip(k["collective"], k["group"])})
+    # the distinct (collective, group) pairs of each GPU first: a few, not one per kernel
+    pairs = sorted({(str(c), str(g)) for k in kernels
+                    for c, g in k[["collective", "group"]].drop_duplicates().itertuples(index=False, name=None)})
     for ctype, group in pairs:
         subs = [k[(k["collective"] == ctype) & (k["group"] == group)] for k in kernels]
         row = _new_row(ctype, group, subs, job.members)

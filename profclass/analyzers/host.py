@@ -10,7 +10,7 @@ from .. import intervals as iv
 from ..timeline import GpuTimeline
 from .gainmodel import Gain, gain, removed
 from .job import Job, evidence_row, mean_per_step_ms
-from .sets import WindowSets, clipped_set, name_matches
+from .sets import WindowSets, clipped_set, contains_per_distinct, name_matches
 
 GRAPH_LAUNCH = re.compile(r"cudaGraphLaunch|cuGraphLaunch")  # str.startswith, as a match
 GC_RANGES = re.compile(r"(?:^|\W)(?:gc|garbage|collect)(?:\W|$)", re.I)
@@ -33,7 +33,7 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
               & ((kern["end"] - kern["start"]) < (kern["launch_end"] - kern["launch_start"]))]
     rt = gpu.runtime
     in_w = ((rt["start"] < hi) & (rt["end"] > lo)).to_numpy(bool)
-    gcr = gpu.nvtx[gpu.nvtx["text"].astype(str).str.contains(GC_RANGES)]
+    gcr = gpu.nvtx[contains_per_distinct(gpu.nvtx["text"], GC_RANGES)]
     return HostResult(kernels=int(len(kern)), launch_bound_kernels=int(len(lb)),
                       launch_bound_kernel_ns=int((lb["end"] - lb["start"]).sum()),
                       graph_kernels=int((kern["graph_node"] != 0).sum()),

@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..timeline import GpuTimeline
 from .job import Job, evidence_row, mean_per_step_ms
-from .sets import WindowSets
+from .sets import WindowSets, contains_per_distinct
 
 # emit_nvtx / record_function op ranges: ATen ops, autograd nodes, their seq/sizes payloads
 OP_RANGES = re.compile(r"^(?:aten|autograd|c10d|prim)::|, seq = \d+|, sizes = \[")
@@ -71,7 +71,8 @@ def _op_range(text: pd.Series) -> np.ndarray:
         cats = pd.Series(text.cat.categories.astype(str))
         hit = np.r_[cats.str.contains(OP_RANGES).to_numpy(bool), False]
         return hit[text.cat.codes.to_numpy()]
-    return text.astype(str).str.contains(OP_RANGES).to_numpy(bool)
+    return contains_per_distinct(text, OP_RANGES)
+
 
 
 # ---------------------------------------------------------------------------------------------

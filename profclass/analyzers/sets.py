@@ -69,3 +69,11 @@ def name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
         hit = np.array([bool(pattern.match(str(c))) for c in names.cat.categories] + [False], bool)
         return hit[names.cat.codes.to_numpy()]  # code -1 (missing) takes the trailing False
     return np.asarray(names.astype(str).str.match(pattern), bool)
+
+
+def contains_per_distinct(text: pd.Series, pattern) -> np.ndarray:
+    """``text.astype(str).str.contains(pattern)`` as a bool array, matched once per distinct
+    text (NVTX texts repeat every step), not once per row."""
+    codes, uniq = pd.factorize(text, use_na_sentinel=False)
+    hit = pd.Series(uniq).astype(str).str.contains(pattern).to_numpy(bool)
+    return hit[codes] if len(codes) else np.zeros(0, bool)
