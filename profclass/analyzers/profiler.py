@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from ..timeline import GpuTimeline
 from .job import Job, evidence_row, mean_per_step_ms
@@ -48,7 +47,7 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ProfilerResult:
     if nv.empty:
         return ProfilerResult()
     nv = nv[(nv["start"] >= sets.lo) & (nv["start"] < sets.hi)]
-    ops = nv[_op_range(nv["text"])]
+    ops = nv[contains_per_distinct(nv["text"], OP_RANGES)]  # once per distinct text
     r = ProfilerResult(op_ranges=int(len(ops)), nvtx_ranges=int(len(nv)))
     costs, counts = [], []
     for _, th in ops.sort_values("start").groupby("tid", sort=False):  # a few threads
@@ -63,16 +62,6 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ProfilerResult:
         r.op_range_cost_ns = int(np.average(costs, weights=counts))
         r.profiler_inflation_ns = int(sum(c * n for c, n in zip(costs, counts)))
     return r
-
-
-def _op_range(text: pd.Series) -> np.ndarray:
-    """Which NVTX texts are op ranges; once per distinct text when categorical."""
-    if isinstance(text.dtype, pd.CategoricalDtype):
-        cats = pd.Series(text.cat.categories.astype(str))
-        hit = np.r_[cats.str.contains(OP_RANGES).to_numpy(bool), False]
-        return hit[text.cat.codes.to_numpy()]
-    return contains_per_distinct(text, OP_RANGES)
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,17 +63,20 @@ def window_sets(gpu: GpuTimeline) -> WindowSets:
                       compute_or_comm=iv.union(np.r_[C[0], M[0]], np.r_[C[1], M[1]]))
 
 
+def _per_distinct(values: pd.Series, test) -> np.ndarray:
+    """``test`` (str -> bool) of each value, as a bool array, run once per distinct value (API
+    call names and NVTX texts repeat every step), not once per row; a missing value is tested
+    as the text "nan", as ``astype(str)`` writes it."""
+    codes, uniq = pd.factorize(values, use_na_sentinel=False)
+    hit = np.fromiter((bool(test(str(u))) for u in uniq), bool, len(uniq))
+    return hit[codes]
+
+
 def name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
-    """``names.str.match(pattern)`` as a bool array; for a categorical, once per category."""
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        hit = np.array([bool(pattern.match(str(c))) for c in names.cat.categories] + [False], bool)
-        return hit[names.cat.codes.to_numpy()]  # code -1 (missing) takes the trailing False
-    return np.asarray(names.astype(str).str.match(pattern), bool)
+    """``names.astype(str).str.match(pattern)`` as a bool array."""
+    return _per_distinct(names, pattern.match)
 
 
-def contains_per_distinct(text: pd.Series, pattern) -> np.ndarray:
-    """``text.astype(str).str.contains(pattern)`` as a bool array, matched once per distinct
-    text (NVTX texts repeat every step), not once per row."""
-    codes, uniq = pd.factorize(text, use_na_sentinel=False)
-    hit = pd.Series(uniq).astype(str).str.contains(pattern).to_numpy(bool)
-    return hit[codes] if len(codes) else np.zeros(0, bool)
+def contains_per_distinct(text: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """``text.astype(str).str.contains(pattern)`` as a bool array."""
+    return _per_distinct(text, pattern.search)
