@@ -3,6 +3,7 @@
 writes to or locks the input."""
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import sys
@@ -193,20 +194,16 @@ def release_memory() -> None:
         trim(0)
 
 
-_TRIM = []
-
-
+@functools.cache
 def _malloc_trim():
-    if not _TRIM:
-        fn = None
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-                fn = ctypes.CDLL(None).malloc_trim  # glibc only (musl has none)
-            except (OSError, AttributeError):
-                fn = None
-        _TRIM.append(fn)
-    return _TRIM[0]
+    """glibc's ``malloc_trim``, or None off glibc (musl has none)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 # What reading a damaged file can raise. SQLite's error message quotes the damaged schema
