@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from conftest import decompress_fixture
 from nsys_builder import NsysExportBuilder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,15 +49,10 @@ def sha(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def decompress(fixture: Path, dest: Path) -> Path:
-    dest.write_bytes(zstandard.ZstdDecompressor().decompressobj().decompress(fixture.read_bytes()))
-    return dest
-
-
 @pytest.fixture(scope="module")
 def host_export(tmp_path_factory) -> Path:
     """The real host_1gpu export, uncompressed (read-only, as a job's output often is)."""
-    p = decompress(PROFILES / "host_1gpu.sqlite.zst", tmp_path_factory.mktemp("real") / "host_1gpu.sqlite")
+    p = decompress_fixture(PROFILES / "host_1gpu.sqlite.zst", tmp_path_factory.mktemp("real") / "host_1gpu.sqlite")
     p.chmod(0o444)
     return p
 
