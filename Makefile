@@ -2,7 +2,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DEMO ?= fixtures/profiles/comm_4gpu.sqlite.zst
+DEMO ?= fixtures/profiles/comm_4gpu.sqlite.xz
 
 .PHONY: install demo test bench calibrate clean nsys fuzz
 

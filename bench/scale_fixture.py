@@ -1,6 +1,6 @@
 """Grow a real nsys export into a big one by replicating its steady-state iterations.
 
-    python bench/scale_fixture.py [--source fixtures/profiles/dpoverlap_4gpu.sqlite.zst]
+    python bench/scale_fixture.py [--source fixtures/profiles/dpoverlap_4gpu.sqlite.xz]
                                   [--sizes 100M,1G,4G] [--out bench/out]
 
 Writes ``<out>/<name>_<size>.sqlite``. The copy keeps the source's schema, strings, kernel
@@ -35,7 +35,7 @@ import time
 import zstandard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_SOURCE = os.path.join(ROOT, "fixtures", "profiles", "dpoverlap_4gpu.sqlite.zst")
+DEFAULT_SOURCE = os.path.join(ROOT, "fixtures", "profiles", "dpoverlap_4gpu.sqlite.xz")
 ITERATION = re.compile(r"^\s*iteration\s+(\d+)\s*$", re.I)
 # tables whose rows only move (not copied): profiler bookkeeping, not workload activity
 MOVE_ONLY = {"PROFILER_OVERHEAD", "DIAGNOSTIC_EVENT", "CUPTI_ACTIVITY_KIND_CUDA_EVENT"}

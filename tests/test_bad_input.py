@@ -52,7 +52,7 @@ def sha(path) -> str:
 @pytest.fixture(scope="module")
 def host_export(tmp_path_factory) -> Path:
     """The real host_1gpu export, uncompressed (read-only, as a job's output often is)."""
-    p = decompress_fixture(PROFILES / "host_1gpu.sqlite.zst", tmp_path_factory.mktemp("real") / "host_1gpu.sqlite")
+    p = decompress_fixture(PROFILES / "host_1gpu.sqlite.xz", tmp_path_factory.mktemp("real") / "host_1gpu.sqlite")
     p.chmod(0o444)
     return p
 
@@ -365,7 +365,7 @@ def test_unexpected_exception_is_one_line(monkeypatch):
 def test_inputs_unchanged_and_no_temp_files(tmp_path):
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    inputs = [PROFILES / "comm_4gpu_nonvtx", PROFILES / "compute_1gpu.sqlite.zst"]
+    inputs = [PROFILES / "comm_4gpu_nonvtx", PROFILES / "compute_1gpu.sqlite.xz"]
     files = sorted(p for i in inputs for p in ([i] if i.is_file() else i.iterdir()))
     before = {p: sha(p) for p in files}
     for i in inputs:

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 P=.venv/bin/profclass
 for name in comm_4gpu host_1gpu; do
-  src=fixtures/profiles/$name.sqlite.zst
+  src=$(ls fixtures/profiles/$name.sqlite.* | head -1)
   $P diagnose "$src" --format html --out docs/examples/$name.html -q
   $P diagnose "$src" --format markdown --out docs/examples/$name.md -q
   $P timeline "$src" --out docs/examples/${name}_timeline.png -q
