@@ -22,7 +22,7 @@ def make_rank_copies(source_dir: str, n: int, out_dir: str) -> list[str]:
     sources = sorted(glob.glob(os.path.join(source_dir, "rank*.sqlite*")),
                      key=lambda p: int("".join(ch for ch in os.path.basename(p).split(".")[0] if ch.isdigit())))
     if not sources:
-        raise SystemExit(f"rank_copies: no rank*.sqlite[.zst] in {source_dir}")
+        raise SystemExit(f"rank_copies: no rank*.sqlite[.zst|.xz] in {source_dir}")
     os.makedirs(out_dir, exist_ok=True)
     out = []
     for k in range(n):

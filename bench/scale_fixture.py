@@ -57,6 +57,10 @@ def decompress(src: str, dst: str) -> None:
     if src.endswith(".zst"):
         with open(src, "rb") as fi, open(dst, "wb") as fo:
             zstandard.ZstdDecompressor().copy_stream(fi, fo)
+    elif src.endswith(".xz"):
+        import lzma
+        with lzma.open(src, "rb") as fi, open(dst, "wb") as fo:
+            shutil.copyfileobj(fi, fo, 1 << 20)
     else:
         shutil.copyfile(src, dst)
 

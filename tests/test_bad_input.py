@@ -270,8 +270,8 @@ def test_directory_mixing_jobs(tmp_path):
     d.mkdir()
     for job, ranks in (("hoststraggler_4gpu", (0, 1)), ("comm_4gpu_nonvtx", (2, 3))):
         for r in ranks:
-            shutil.copyfile(PROFILES / job / f"rank{r}.sqlite.zst", d / f"rank{r}.sqlite.zst")
-    assert_bad_input([d], d, "files of different jobs: rank0.sqlite.zst ran")
+            shutil.copyfile(PROFILES / job / f"rank{r}.sqlite.xz", d / f"rank{r}.sqlite.xz")
+    assert_bad_input([d], d, "files of different jobs: rank0.sqlite.xz ran")
 
 
 def test_same_rank_twice(tmp_path):
