@@ -34,7 +34,8 @@ def test_bridge_overrides_and_megatron_flags():
 
 
 @pytest.mark.parametrize("name", ["mcore_pp4_m4", "mcore_pp4_m8", "mcore_pp4_vpp2_m8", "mcore_pp2_ep2_m4",
-                                  "mcore_pp2_ep2_vpp2_m4", "mcore_tp2sp_ep2"])
+                                  "mcore_pp2_ep2_vpp2_m4", "mcore_tp2sp_ep2", "mcore_dense_tp2_dp2",
+                                  "mcore_dense_tp2sp_pp2"])
 def test_layout_and_stages_match_the_construction(name, diagnosis):
     d, par = diagnosis(name), PARALLEL[name]
     for k in ("tp", "pp", "ep", "dp"):
@@ -143,3 +144,57 @@ def test_reports_name_pp_send_recv_as_such(diagnosis):
     assert any(e["metric"] == "send/recv exposed transfer" for e in d.evidence)
     html = render_html(profclass.diagnose(str(profile_path("mcore_pp2_ep2_m4")), keep_timelines=True))
     assert "<td>send/recv</td><td>PP</td>" in html
+
+
+def test_dp_gradient_all_reduce_is_not_tp(diagnosis):
+    """Dense TP=2 x DP=2 without SP: TP's per-layer all-reduces and the DP gradient all-reduce
+    (one per step, no overlap) share one stream; each kernel goes to the group it finished with."""
+    d = diagnosis("mcore_dense_tp2_dp2")
+    tp, dp = rows(d, "all_reduce", "TP"), rows(d, "all_reduce", "DP")
+    assert tp and dp
+    assert tp[0]["members"] == [[0, 1], [2, 3]] and dp[0]["members"] == [[0, 2], [1, 3]]
+    steps = d.window["iterations"]
+    assert dp[0]["instances"] == steps  # one gradient all-reduce per step
+    assert tp[0]["instances"] > 20 * steps  # per layer and micro-batch
+    assert d.walls["communication"]["by_group"]["DP"] > 0
+
+
+@pytest.mark.parametrize("name", ["mcore_dense_tp2_dp2", "mcore_dense_tp2sp_pp2", "mcore_tp2sp_ep2",
+                                  "mcore_pp2_ep2_m4", "mcore_ep4_base", "mcore_gb_dp4_base"])
+def test_inference_without_the_command_line_recovers_tp(name, monkeypatch):
+    """TP from the per-layer collectives' partners, PP from the SendRecv partners a multiple of
+    TP away (the TP peers send in lockstep), DP from the world: the whole layout, no flags."""
+    from conftest import profile_path
+
+    from profclass import diagnose
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
+    d, par = diagnose(profile_path(name)), PARALLEL[name]
+    for k in ("tp", "pp", "ep", "dp"):
+        assert d.layout["sizes"][k] == par[k], k
+    assert d.layout["source"]["tp"] == "inferred"
+    per_layer = [c for c in d.collectives if c["collective"] in ("all_gather", "reduce_scatter")]
+    if par["tp"] > 1:
+        assert rows(d, group="TP") and all(c["group"] == "TP" for c in per_layer)
+    else:
+        assert all(c["group"] != "TP" for c in d.collectives)
+
+
+def test_moe_without_an_all_to_all_leaves_tp_unknown(monkeypatch):
+    """The all-gather dispatcher gathers tokens over TP x EP every layer: per-layer collectives
+    that TP would also make. Without the EP all-to-all to tell them apart, TP is not guessed."""
+    from conftest import profile_path
+
+    from profclass import diagnose
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
+    d = diagnose(profile_path("mcore_allgather_4gpu"))
+    assert d.layout["sizes"]["tp"] is None and any("TP" in m for m in d.missing)
+
+
+def test_per_kernel_group_moves_only_kernels_that_ended_with_another_group():
+    import numpy as np
+
+    from profclass.analyzers.comm_groups import _per_kernel
+    tol = 20_000
+    gaps = {"TP": np.array([1e3, 2e3, 150e3, 3e3]), "DP": np.array([40e3, 9e3, 5e3, 25e3])}
+    assert list(_per_kernel("TP", gaps)) == ["TP", "TP", "DP", "TP"]  # 2e3 vs 9e3: stays
+    assert _per_kernel("TP", {"TP": np.array([1e3]), "DP": np.array([tol + 1.0])}) == "TP"

@@ -8,7 +8,9 @@ The evidence, strongest first:
    candidate group scores the median over the bucket of the largest gap between a kernel's
    end and the nearest end of a same-type kernel on each other member; the smallest wins.
    Streams split the buckets because ProcessGroupNCCL runs each communicator on its own
-   (pooled, so possibly shared) stream.
+   (pooled, so possibly shared) stream. A kernel of the bucket that ended with no member of
+   the winning group (beyond ``END_TOL_NS``) but with every member of another candidate goes
+   to that group: two communicators on one stream.
 2. *The layout alone*, where only one candidate group has more than one member, or on a
    single rank (no peers): SendRecv is PP when EP = 1 and EP when PP = 1; with both, the
    stream carrying most SendRecv kernels per step is EP (one all-to-all per MoE layer and
@@ -21,6 +23,7 @@ import pandas as pd
 
 from ..kernels import COLLECTIVE_GROUP
 from .layout import Layout
+from .layout_infer import END_TOL_NS
 
 # which groups each collective type can run on, when its size is over 1
 CANDIDATES = {"all_to_all": ("EP", "PP"), "all_gather": ("TP", "CP", "DP", "EDP", "ETP", "EP"),
@@ -47,9 +50,10 @@ def _end_gap(own_end: np.ndarray, peer_ends: np.ndarray) -> np.ndarray:
     return np.minimum(np.abs(peer_ends[idx] - own_end), np.abs(peer_ends[nxt] - own_end))
 
 
-def _score(ends: np.ndarray, members: list[int], me: int, ends_by_rank: dict, ctype: str) -> float:
+def _member_gap(ends: np.ndarray, members: list[int], me: int, ends_by_rank: dict, ctype: str) -> np.ndarray:
+    """Per kernel, the largest distance to the nearest same-type end on each other member."""
     gaps = [_end_gap(ends, ends_by_rank.get((m, ctype), np.empty(0))) for m in members if m != me]
-    return float(np.median(np.max(gaps, axis=0))) if gaps else np.inf
+    return np.max(gaps, axis=0) if gaps else np.full(len(ends), np.inf)
 
 
 def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterations: list[int]) -> list[tuple]:
@@ -75,6 +79,21 @@ def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterat
     return out
 
 
+def _per_kernel(best: str, gaps: dict[str, np.ndarray]):
+    """The bucket's group, except for kernels that did not finish with its members but did
+    with another candidate's (a communicator sharing the stream: DP's gradient all-reduce
+    among TP's, when both run on one stream)."""
+    names = list(gaps)
+    stack = np.vstack([gaps[g] for g in names])
+    other = np.argmin(stack, axis=0)
+    move = (gaps[best] > END_TOL_NS) & (stack[other, np.arange(stack.shape[1])] <= END_TOL_NS)
+    if not move.any():
+        return best
+    out = np.full(stack.shape[1], best, dtype=object)
+    out[move] = np.asarray(names, dtype=object)[other[move]]
+    return out
+
+
 def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, its) -> tuple[str, str]:
     if cands is None:  # no (complete) layout: the collective's usual group in an EP job
         return COLLECTIVE_GROUP.get(ctype, "other"), "collective type (no layout: a guess)"
@@ -84,10 +103,11 @@ def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, its)
         return cands[0], "layout"
     if multi and groups:
         ends = bucket["end"].to_numpy()
-        scores = {g: _score(ends, groups[g], rank, ends_by_rank, ctype) for g in cands}
+        gaps = {g: _member_gap(ends, groups[g], rank, ends_by_rank, ctype) for g in cands}
+        scores = {g: float(np.median(v)) for g, v in gaps.items()}
         best = min(scores, key=scores.get)
         if np.isfinite(scores[best]):
-            return best, "cross-rank end times"
+            return _per_kernel(best, gaps), "cross-rank end times"
     if ctype == "all_to_all":  # a single rank with both PP and EP: the busier stream is EP
         per_stream = all_k[all_k["collective"] == ctype].groupby("stream").size()
         busiest = per_stream.idxmax() if len(per_stream) else None

@@ -3,8 +3,8 @@ ranks of each group.
 
 Sizes come from the captured command line: Megatron-LM flags (``--tensor-model-parallel-size``)
 or Megatron-Bridge Hydra overrides (``model.tensor_model_parallel_size=2``). Where neither is
-captured (or reading it is turned off, ``PROFCLASS_IGNORE_COMMAND_LINE=1``), the PP and EP
-sizes are inferred from who exchanges SendRecv traffic with whom (``layout_infer``).
+captured (or reading it is turned off, ``PROFCLASS_IGNORE_COMMAND_LINE=1``), the TP, PP and
+EP sizes are inferred from who runs collectives with whom (``layout_infer``).
 
 Group membership follows Megatron-Core's ``parallel_state``: dense ranks are ordered
 ``tp-cp-ep-dp-pp`` (TP fastest; EP is 1 in the dense generator), expert ranks ``tp-ep-dp-pp``

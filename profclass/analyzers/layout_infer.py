@@ -1,4 +1,4 @@
-"""The PP and EP sizes from the SendRecv traffic itself, when no command line says them.
+"""The TP, PP and EP sizes from the traffic itself, when no command line says them.
 
 Two ranks exchange data when their SendRecv kernels finish together: the kernels of one
 transfer end within the natural spread of collective end times (`docs/comm.md`: 6-27 us on
@@ -14,10 +14,26 @@ Then:
 - a lone pair is EP when both ranks run the same number of kernels per step (EP ranks run one
   program), PP when they differ (the first stage holds the embedding, the last the loss).
 
-With two kinds of bucket on one rank, the busier one is EP. What is not determined (TP, CP,
-DP when world / PP leaves room for more than one) stays null.
+With two kinds of bucket on one rank, the busier one is EP.
+
+TP comes first, from the other collectives: Megatron issues TP collectives inside every layer
+and micro-batch (2 forward and 2 backward all-reduces per layer, or all-gathers and
+reduce-scatters with SP), so a TP collective type runs at least ~0.22 kernels per GEMM kernel
+(4 against 12 GEMMs plus the attention's batched GEMMs per layer), while the DP gradient and
+parameter collectives run once per bucket per step (0.003-0.05 per GEMM on the captures) and the
+MoE dispatcher's token-count all-gathers once per MoE layer (0.025-0.054). A collective type at
+``PER_LAYER_MIN`` or more whose partners form the aligned block of consecutive ranks that
+parallel_state gives TP (TP is the fastest-varying rank coordinate), and is not the EP clique, is
+TP. Every PP and EP partner of a rank then sits a multiple of TP away (both groups are strided
+by TP in parallel_state's orders), which removes the TP peers' lockstep coincidences from the
+SendRecv partners. No per-layer collective at all on a dense job means TP = 1; on a MoE job
+without an EP all-to-all (the all-gather dispatcher gathers over TP x EP) TP stays unknown. CP
+is taken as 1 when TP is inferred (no capture with CP: its ring exchange is not recognised).
+What is not determined stays null.
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -30,6 +46,13 @@ END_TOL_NS = 20_000  # end-time spread of one transfer across its members (docs/
 PARTNER_REL = 0.5
 PARTNER_MIN = 0.1
 SAME_PROGRAM_TOL = 0.01  # kernels per step within 1%: the same program
+# kernels of one collective type per GEMM kernel that mark a per-layer (TP) collective: the
+# geometric mean of the per-bucket DP/MoE-metadata rates (<= 0.054 measured) and the per-layer
+# TP rates (>= 0.22 by Megatron's layer structure, 0.24-0.36 measured), an order of magnitude apart
+PER_LAYER_MIN = 0.11
+PER_LAYER_TYPES = ("all_reduce", "all_gather", "reduce_scatter")
+# MoE routing: torch.topk (gatherTopK) or a fused top-k router kernel; a dense model has none
+MOE_ROUTER = re.compile(r"topk", re.I)
 
 
 def _near(x: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -40,20 +63,62 @@ def _near(x: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.minimum(np.abs(ends[idx] - x), np.abs(ends[nxt] - x)) <= END_TOL_NS
 
 
-def buckets(kernels, ranks) -> list[tuple[int, int, frozenset]]:
-    """(rank, kernels in bucket, partner ranks) per (rank, stream) bucket of SendRecv kernels."""
+def _shares(x: np.ndarray, r: int, ranks, ends: dict, stride: int) -> dict[int, float]:
+    """Share of the kernel ends ``x`` of rank ``r`` with a same-type end on each other rank a
+    multiple of ``stride`` away."""
+    return {j: _near(x, ends[j]).mean() for j in ranks if j != r and (j - r) % stride == 0}
+
+
+def _partners(share: dict[int, float]) -> frozenset:
+    best = max(share.values(), default=0.0)
+    return frozenset(j for j, v in share.items() if v >= max(PARTNER_MIN, PARTNER_REL * best))
+
+
+def buckets(kernels, ranks, stride: int = 1) -> list[tuple[int, int, frozenset]]:
+    """(rank, kernels in bucket, partner ranks) per (rank, stream) bucket of SendRecv kernels;
+    partners only ``stride`` apart (TP, once known: PP and EP peers share the TP coordinate)."""
     sr = [k[k["collective"] == "all_to_all"] for k in kernels]
     ends = {r: np.sort(k["end"].to_numpy()) for r, k in zip(ranks, sr)}
     out = []
     for r, k in zip(ranks, sr):
         for _, b in k.groupby("stream", observed=True):
-            x = b["end"].to_numpy()
-            share = {j: _near(x, ends[j]).mean() for j in ranks if j != r}
-            best = max(share.values(), default=0.0)
-            partners = frozenset(j for j, v in share.items() if v >= max(PARTNER_MIN, PARTNER_REL * best))
+            partners = _partners(_shares(b["end"].to_numpy(), r, ranks, ends, stride))
             if partners:
                 out.append((r, len(b), partners))
     return out
+
+
+def tp_blocks(kernels, ranks, windows, gemms) -> dict[int, frozenset]:
+    """Per rank, the members (itself included) of its per-layer collective group: partners of
+    every collective type that runs at ``PER_LAYER_MIN`` kernels per GEMM or more."""
+    ends = {(r, c): np.sort(k.loc[k["collective"] == c, "end"].to_numpy())
+            for r, k in zip(ranks, kernels) for c in PER_LAYER_TYPES}
+    out = {}
+    for r, k, (lo, hi), n_gemm in zip(ranks, kernels, windows, gemms):
+        inside = k[(k["start"] >= lo) & (k["start"] < hi)]
+        for c in PER_LAYER_TYPES:
+            n = int((inside["collective"] == c).sum())
+            if not n_gemm or n < PER_LAYER_MIN * n_gemm:
+                continue
+            x = k.loc[k["collective"] == c, "end"].to_numpy()
+            partners = _partners({j: _near(x, ends[(j, c)]).mean() for j in ranks if j != r})
+            if partners:
+                out[r] = out.get(r, frozenset()) | partners | {r}
+    return out
+
+
+def _tp_size(blocks: dict[int, frozenset], ranks, ep_sets: set) -> int | None:
+    """The TP size when every rank's per-layer group is the aligned block of consecutive ranks
+    parallel_state makes TP, and not an EP clique; None when the blocks say otherwise."""
+    sizes = {len(b) for b in blocks.values()}
+    if len(sizes) != 1 or set(blocks) != set(ranks):
+        return None
+    t = sizes.pop()
+    for r, b in blocks.items():
+        first = r - r % t
+        if b != frozenset(range(first, first + t)) or b in ep_sets:
+            return None
+    return t
 
 
 def _classify(bks, per_step: dict) -> tuple[set, set]:
@@ -99,14 +164,30 @@ def _chain_size(edges: set) -> int:
     return best
 
 
-def infer(layout: Layout, kernels, ranks, kernels_per_step: list[float]) -> None:
-    """Fill PP and EP (and what they force) from the traffic, where no command line said them."""
-    if layout.source.get("pp") or layout.source.get("ep") or len(kernels) < 2:
+def infer(layout: Layout, kernels, ranks, kernels_per_step: list[float], windows=None, gemms=None,
+          moe_router: bool = False) -> None:
+    """Fill TP, PP and EP (and what they force) from the traffic, where no command line said
+    them. ``windows`` and ``gemms``: each GPU's steady window and its GEMM kernels there (the
+    per-layer test); ``moe_router``: routing kernels seen (a MoE job)."""
+    if any(layout.source.get(k) for k in ("tp", "pp", "ep")) or len(kernels) < 2:
         return
-    ep_sets, pp_edges = _classify(buckets(kernels, ranks), dict(zip(ranks, kernels_per_step)))
+    per_step = dict(zip(ranks, kernels_per_step))
+    ep_sets, _ = _classify(buckets(kernels, ranks), per_step)
+    tp = None
+    if windows is not None and gemms is not None and layout.world == len(ranks):
+        blocks = tp_blocks(kernels, ranks, windows, gemms)
+        if not blocks:
+            tp = 1  # no per-layer collective: neither TP nor a MoE token exchange over it
+        elif moe_router and not ep_sets:
+            tp = None  # the all-gather dispatcher's TP x EP group looks like TP: not decided
+        else:
+            tp = _tp_size(blocks, ranks, ep_sets)
+    ep_sets, pp_edges = _classify(buckets(kernels, ranks, stride=tp or 1), per_step)
     s, src = layout.sizes, layout.source
     s["ep"], src["ep"] = (max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"
     s["pp"], src["pp"] = _chain_size(pp_edges), "inferred"
+    if tp:
+        s["tp"], s["cp"], src["tp"], src["cp"] = tp, 1, "inferred", "inferred"
     if layout.world and layout.world == s["pp"]:  # nothing left for TP or CP
         for k in ("tp", "cp"):
             s[k], src[k] = 1, "inferred"
