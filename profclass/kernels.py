@@ -16,6 +16,9 @@ import pandas as pd
 # (library, pattern on the demangled name); first match wins
 COMM_LIBRARIES = [
     ("deepep", re.compile(r"deep_ep::|deepep", re.I)),
+    # Transformer Engine's userbuffers: Megatron's --tp-comm-overlap moves TP's all-gather /
+    # reduce-scatter out of NCCL into these (they spin while they wait, like DeepEP's)
+    ("userbuffers", re.compile(r"userbuffers", re.I)),
     ("hybridep", re.compile(r"hybrid_?ep", re.I)),
     ("nccl", re.compile(r"^nccl|\bnccl(Dev)?Kernel|ncclKernel", re.I)),
     ("nvshmem", re.compile(r"nvshmem", re.I)),
@@ -30,6 +33,11 @@ COLLECTIVES = [
     ("all_to_all", re.compile(r"SendRecv|AllToAll|all_to_all|alltoall|dispatch|combine|Send|Recv", re.I)),
     ("reduce", re.compile(r"Reduce", re.I)),
 ]
+# userbuffers kernels name their collective by suffix (..._rs, ..._ag, ..._rs_oop); the
+# ring-exchange ones (kuserbuffers_pushsendrecv, ...) serve both, so they stay "other" rather
+# than match "Send|Recv" and pass for an EP/PP SendRecv
+LIBRARY_COLLECTIVES = {"userbuffers": [("reduce_scatter", re.compile(r"_rs(?![a-z0-9])|reduce_scatter", re.I)),
+                                       ("all_gather", re.compile(r"_ag(?![a-z0-9])|all_gather", re.I))]}
 COLLECTIVE_TYPES = ["all_to_all", "all_reduce", "all_gather", "reduce_scatter", "broadcast",
                     "reduce", "other"]
 # which parallelism group a collective usually serves in Megatron-style MoE training
@@ -64,6 +72,12 @@ def _first(patterns, name: str, default: str) -> str:
     return default
 
 
+def _collective(library: str, full_name: str) -> str:
+    if library in LIBRARY_COLLECTIVES:  # matched on the function's name, not its argument list
+        return _first(LIBRARY_COLLECTIVES[library], full_name.split("(", 1)[0], "other")
+    return _first(COLLECTIVES, full_name, "other")
+
+
 def describe_name(full_name: str) -> dict:
     """Everything the taxonomy says about one kernel name."""
     library = _first(COMM_LIBRARIES, full_name, "")
@@ -78,7 +92,7 @@ def describe_name(full_name: str) -> dict:
     return {
         "is_comm": bool(library),
         "library": library,
-        "collective": _first(COLLECTIVES, full_name, "other") if library else "",
+        "collective": _collective(library, full_name) if library else "",
         # attention kernels use the same tensor-core instructions (wgmma) but are not GEMMs
         "is_gemm": bool(GEMM.search(full_name)) and not library and not ATTENTION.search(full_name),
         "is_fp8": bool(FP8.search(full_name)),

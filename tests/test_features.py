@@ -196,3 +196,18 @@ def test_gpu_metrics_give_sm_active(tmp_path):
     assert f.sm_active == pytest.approx(0.5)
     assert f.tensor_active == pytest.approx(0.25)
     assert "GPU_METRICS" in f.sm_active_source
+
+
+def test_userbuffers_kernels_are_tp_overlap_communication_not_compute():
+    """Transformer Engine's userbuffers (Megatron --tp-comm-overlap) carry TP's all-gather and
+    reduce-scatter outside NCCL; their ring-exchange kernels must not pass for SendRecv (EP/PP)."""
+    from profclass.kernels import describe_name
+    rs = describe_name("void userbuffers_fp16_sum_inplace_gpu_rr_rs<2>(int, int, int, void**, int, unsigned long)")
+    ag = describe_name("void userbuffers_fp16_sum_inplace_gpu_rr_ag<4>(int, int, void**)")
+    oop = describe_name("void userbuffers_fp8_sum_inplace_gpu_rr_rs_oop<__nv_fp8_e4m3, 8>(float*, int)")
+    ring = describe_name("kuserbuffers_pushsendrecv_multiatomic(int*, int*, void*, void*)")
+    assert rs["is_comm"] and not rs["is_gemm"] and rs["library"] == "userbuffers"
+    assert (rs["collective"], ag["collective"], oop["collective"]) == ("reduce_scatter", "all_gather", "reduce_scatter")
+    assert ring["is_comm"] and ring["collective"] == "other"
+    # NCCL's own kernels are matched as before, argument list included
+    assert describe_name("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")["collective"] == "all_to_all"
