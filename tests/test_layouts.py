@@ -198,3 +198,41 @@ def test_per_kernel_group_moves_only_kernels_that_ended_with_another_group():
     gaps = {"TP": np.array([1e3, 2e3, 150e3, 3e3]), "DP": np.array([40e3, 9e3, 5e3, 25e3])}
     assert list(_per_kernel("TP", gaps)) == ["TP", "TP", "DP", "TP"]  # 2e3 vs 9e3: stays
     assert _per_kernel("TP", {"TP": np.array([1e3]), "DP": np.array([tol + 1.0])}) == "TP"
+
+
+def _dense_single_rank(path, all_reduces_per_layer: int):
+    """One GPU of a dense job, no command line: 6 steps of 4 layers, each layer 12 GEMMs and
+    ``all_reduces_per_layer`` all-reduces between them, one gradient all-reduce per step."""
+    from nsys_builder import NsysExportBuilder
+    b = NsysExportBuilder(path)
+    b.add_gpu(0)
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
+    ar = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    ms = 1_000_000
+    t = 10 * ms
+    for it in range(6):
+        start = t
+        for _layer in range(4):
+            for g in range(12):
+                b.add_kernel(t, t + 200_000, gemm, launch=(t - 50_000, t - 45_000))
+                t += 210_000
+                if all_reduces_per_layer and g % (12 // all_reduces_per_layer) == 0:
+                    b.add_kernel(t, t + 50_000, ar, stream=20, launch=(t - 40_000, t - 35_000))
+                    t += 60_000
+        b.add_kernel(t, t + 2 * ms, ar, stream=20, launch=(t - 40_000, t - 35_000))  # the gradients
+        t += 2 * ms + 100_000
+        b.add_nvtx(f"iteration {it}", start - 60_000, t)
+        t += 100_000
+    b.write()
+    return path
+
+
+def test_single_rank_without_flags_calls_per_layer_collectives_tp(tmp_path):
+    """One rank, no flags (a Bridge recipe's rank 0): all-reduces issued inside every layer of
+    a dense model (0.25 per GEMM here) are TP's, not DP's; a per-step one alone stays DP."""
+    from profclass import diagnose
+    per_layer = diagnose(str(_dense_single_rank(tmp_path / "tp.sqlite", 3)))
+    assert [(c["group"], c["group_source"]) for c in per_layer.collectives] == \
+        [("TP", "per-layer collective (no layout: a guess)")]
+    per_step = diagnose(str(_dense_single_rank(tmp_path / "dp.sqlite", 0)))
+    assert [c["group"] for c in per_step.collectives] == ["DP"]

@@ -73,7 +73,7 @@ def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterat
         for key, idx in pd.Series(range(len(k))).groupby(keys.to_numpy()).groups.items():
             ctype = str(key).split("|")[-1]
             cands = _candidates(ctype, groups, layout)
-            g, src = _decide(k.iloc[idx], ctype, cands, groups, r, ends_by_rank, multi, k, its)
+            g, src = _decide(k.iloc[idx], ctype, cands, groups, r, ends_by_rank, multi, k, layout)
             group[idx], source[idx] = g, src
         out.append((group, source, groups))
     return out
@@ -94,8 +94,11 @@ def _per_kernel(best: str, gaps: dict[str, np.ndarray]):
     return out
 
 
-def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, its) -> tuple[str, str]:
-    if cands is None:  # no (complete) layout: the collective's usual group in an EP job
+def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, layout) -> tuple[str, str]:
+    if cands is None:  # no (complete) layout
+        if ctype in layout.per_layer and not layout.moe_router:
+            # issued inside every layer of a dense model: TP's, not a per-step gradient reduction
+            return "TP", "per-layer collective (no layout: a guess)"
         return COLLECTIVE_GROUP.get(ctype, "other"), "collective type (no layout: a guess)"
     if not cands:
         return "other", "layout: no group of this collective has more than one rank"

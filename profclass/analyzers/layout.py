@@ -43,6 +43,10 @@ class Layout:
     # GPUs per node (LOCAL_WORLD_SIZE, else torchrun's --nproc-per-node): with Megatron's order
     # TP is the innermost group, so TP <= this keeps it on one node's NVLink
     gpus_per_node: int | None = None
+    # what the traffic showed (layout_infer), for guessing groups where no size is known: the
+    # collective types issued per layer, and whether a MoE router ran
+    per_layer: set = field(default_factory=set)
+    moe_router: bool = False
 
     def size(self, name: str) -> int | None:
         return self.sizes.get(name)
@@ -167,7 +171,7 @@ def missing(job) -> list[str]:
     unknown = [k for k in ("tp", "pp", "ep", "dp") if lay.size(k) is None]
     if unknown:
         out.append(f"parallel layout: {', '.join(unknown).upper()} size unknown (no Megatron flags or Bridge "
-                   "overrides captured); collectives are grouped by their type")
+                   "overrides captured); collectives are grouped by their type, those a dense model issues in every layer as TP")
     if lay.world and len(job.records) < lay.world:
         out.append(f"ranks {len(job.records)} of {lay.world}: waiting, stragglers, the pipeline bubble and stage "
                    "balance need every rank's profile (or one per PP stage)")

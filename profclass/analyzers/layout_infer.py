@@ -88,18 +88,24 @@ def buckets(kernels, ranks, stride: int = 1) -> list[tuple[int, int, frozenset]]
     return out
 
 
+def per_layer_types(kernels, windows, gemms) -> list[set]:
+    """Per GPU, the collective types that run at ``PER_LAYER_MIN`` kernels per GEMM kernel or
+    more in its window: issued inside every layer and micro-batch."""
+    out = []
+    for k, (lo, hi), n_gemm in zip(kernels, windows, gemms):
+        inside = k.loc[(k["start"] >= lo) & (k["start"] < hi), "collective"]
+        out.append({c for c in PER_LAYER_TYPES if n_gemm and (inside == c).sum() >= PER_LAYER_MIN * n_gemm})
+    return out
+
+
 def tp_blocks(kernels, ranks, windows, gemms) -> dict[int, frozenset]:
     """Per rank, the members (itself included) of its per-layer collective group: partners of
     every collective type that runs at ``PER_LAYER_MIN`` kernels per GEMM or more."""
     ends = {(r, c): np.sort(k.loc[k["collective"] == c, "end"].to_numpy())
             for r, k in zip(ranks, kernels) for c in PER_LAYER_TYPES}
     out = {}
-    for r, k, (lo, hi), n_gemm in zip(ranks, kernels, windows, gemms):
-        inside = k[(k["start"] >= lo) & (k["start"] < hi)]
-        for c in PER_LAYER_TYPES:
-            n = int((inside["collective"] == c).sum())
-            if not n_gemm or n < PER_LAYER_MIN * n_gemm:
-                continue
+    for r, k, types in zip(ranks, kernels, per_layer_types(kernels, windows, gemms)):
+        for c in types:
             x = k.loc[k["collective"] == c, "end"].to_numpy()
             partners = _partners({j: _near(x, ends[(j, c)]).mean() for j in ranks if j != r})
             if partners:
@@ -169,6 +175,9 @@ def infer(layout: Layout, kernels, ranks, kernels_per_step: list[float], windows
     """Fill TP, PP and EP (and what they force) from the traffic, where no command line said
     them. ``windows`` and ``gemms``: each GPU's steady window and its GEMM kernels there (the
     per-layer test); ``moe_router``: routing kernels seen (a MoE job)."""
+    if windows is not None and gemms is not None:  # for the group guess when no layout is known
+        layout.per_layer = set().union(*per_layer_types(kernels, windows, gemms))
+        layout.moe_router = moe_router
     if any(layout.source.get(k) for k in ("tp", "pp", "ep")) or len(kernels) < 2:
         return
     per_step = dict(zip(ranks, kernels_per_step))
