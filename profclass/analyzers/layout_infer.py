@@ -189,8 +189,8 @@ def infer(layout: Layout, kernels, ranks, kernels_per_step: list[float], windows
             tp = 1  # no per-layer collective: neither TP nor a MoE token exchange over it
         elif moe_router and not ep_sets:
             tp = None  # the all-gather dispatcher's TP x EP group looks like TP: not decided
-        else:
-            tp = _tp_size(blocks, ranks, ep_sets)
+        else:  # in a dense job a SendRecv "clique" on the TP block is TP peers sending in lockstep
+            tp = _tp_size(blocks, ranks, ep_sets if moe_router else set())
     ep_sets, pp_edges = _classify(buckets(kernels, ranks, stride=tp or 1), per_step)
     s, src = layout.sizes, layout.source
     s["ep"], src["ep"] = (max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"
