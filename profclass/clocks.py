@@ -9,11 +9,21 @@ import numpy as np
 from .timeline import GpuTimeline, comm_kernels
 
 
+# the most a matched collective's end times may still spread once the offset is taken out:
+# one instance's members end within 6-90 us (docs/comm.md); ends of different instances (a TP
+# group in another pipeline stage) differ by milliseconds, and then the session starts, which
+# already agree to ~7 us on these machines, are the better clock
+FINE_MAX_RESIDUAL_NS = 200_000
+
+
 def align_clocks(gpus: list[GpuTimeline], session_start: dict[int, int | None]) -> dict[int, int]:
     """Shift separate reports onto the first one's clock; returns the residual skew per source.
 
-    Coarse: each report's session start (UTC ns). Fine: collectives finish together on every
-    rank, so the median difference of matched collective end times is the remaining offset.
+    Coarse: each report's session start (UTC ns). Fine: the kernels of one collective finish
+    together on its members, so the median difference of matched end times is the remaining
+    offset. Each report is matched against whichever report already aligned shares its
+    collectives (a TP peer, a pipeline neighbour), one collective type at a time: of the
+    matches whose ends agree to ``FINE_MAX_RESIDUAL_NS``, the one with the most kernels.
     """
     sources = sorted({g.source for g in gpus})
     if len(sources) < 2:
@@ -24,17 +34,19 @@ def align_clocks(gpus: list[GpuTimeline], session_start: dict[int, int | None]) 
         if starts.get(ref) is not None and starts.get(g.source) is not None:
             shift_timeline(g, starts[g.source] - starts[ref])
     skew = {}
-    ref_gpu = next(g for g in gpus if g.source == ref)
+    aligned = [next(g for g in gpus if g.source == ref)]
     for s in sources[1:]:
         mine = [g for g in gpus if g.source == s]
-        diffs = _end_differences(ref_gpu, mine[0])
-        if diffs.size:
-            off = int(np.median(diffs))
+        # of the matches that agree, the one with the most kernels behind its median
+        fits = [f for a in aligned for f in _offsets(a, mine[0]) if f[1] <= FINE_MAX_RESIDUAL_NS]
+        off, residual, _ = max(fits, key=lambda f: (f[2], -f[1])) if fits else (0, -1, 0)
+        if residual >= 0:
             for g in mine:
                 shift_timeline(g, off)
-            skew[s] = int(np.median(np.abs(diffs - off)))
+            skew[s] = residual
         else:
-            skew[s] = -1  # nothing to match on: session start only
+            skew[s] = -1  # nothing that matches: session start only
+        aligned.extend(mine)
     return skew
 
 
@@ -52,12 +64,15 @@ def shift_timeline(g: GpuTimeline, off: int) -> None:
         g.ops[c] = np.where(g.ops[c] >= 0, g.ops[c] + off, -1)
 
 
-def _end_differences(a: GpuTimeline, b: GpuTimeline) -> np.ndarray:
+def _offsets(a: GpuTimeline, b: GpuTimeline) -> list[tuple[int, int, int]]:
+    """(offset, residual, kernels) per collective type the two GPUs ran equally often: the
+    median end difference of the k-th kernels, and the median distance from it."""
     ka, kb = comm_kernels(a), comm_kernels(b)
     out = []
     for ctype, ga in ka.groupby("collective", observed=True):
-        gb = kb[kb["collective"] == ctype]
-        ea, eb = ga["end"].to_numpy(), gb["end"].to_numpy()
+        ea, eb = ga["end"].to_numpy(), kb.loc[kb["collective"] == ctype, "end"].to_numpy()
         if len(ea) and len(ea) == len(eb):
-            out.append(ea - eb)
-    return np.concatenate(out) if out else np.empty(0, np.int64)
+            diffs = ea - eb
+            off = int(np.median(diffs))
+            out.append((off, int(np.median(np.abs(diffs - off))), len(diffs)))
+    return out

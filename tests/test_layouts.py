@@ -2,6 +2,8 @@
 the communicator group of each collective, the pipeline, layout-aware advice."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from conftest import CORPUS
 
@@ -236,3 +238,51 @@ def test_single_rank_without_flags_calls_per_layer_collectives_tp(tmp_path):
         [("TP", "per-layer collective (no layout: a guess)")]
     per_step = diagnose(str(_dense_single_rank(tmp_path / "dp.sqlite", 0)))
     assert [c["group"] for c in per_step.collectives] == ["DP"]
+
+
+def _split_by_process(src, out_dir):
+    """One export per process of a one-report capture, as ``nsys profile -o rank%q{RANK}``
+    writes them (the same clock and session start; each file holds one process's rows)."""
+    import sqlite3
+
+    from conftest import decompress_fixture
+    whole = decompress_fixture(src, out_dir / "whole.sqlite")
+    con = sqlite3.connect(whole)
+    pids = [r[0] for r in con.execute("SELECT DISTINCT (globalPid >> 24) & 16777215, deviceId "
+                                      "FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY 2")]
+    tables = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    con.close()
+    ranks = out_dir / "ranks"
+    ranks.mkdir()
+    for rank, pid in enumerate(pids):
+        dst = ranks / f"rank{rank}.sqlite"
+        shutil.copyfile(whole, dst)
+        con = sqlite3.connect(dst)
+        for t in tables:
+            cols = {c[1] for c in con.execute(f'PRAGMA table_info("{t}")')}
+            for col in ("globalPid", "globalTid"):
+                if col in cols:
+                    con.execute(f'DELETE FROM "{t}" WHERE ({col} >> 24) & 16777215 != ?', (pid,))
+        con.commit()
+        con.close()
+    return ranks
+
+
+def test_per_rank_reports_of_tp_x_pp_keep_one_clock(tmp_path, diagnosis, monkeypatch):
+    """Per-rank reports of a TP x PP job: the TP groups of the two stages run different
+    instances, so matching rank 2's k-th all-gather against rank 0's moved its clock by
+    milliseconds; reports are matched to the report they share collectives with (its TP peer,
+    its stage partner) only where the ends agree. Same layout and verdict as the one report."""
+    from conftest import profile_path
+
+    from profclass import diagnose
+    ranks = _split_by_process(profile_path("mcore_dense_tp2sp_pp2"), tmp_path)
+    one = diagnosis("mcore_dense_tp2sp_pp2")
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
+    per_rank = diagnose(str(ranks))
+    assert all(0 <= v <= 20_000 for v in per_rank.clock["residual_skew_ns"].values())
+    assert {k: per_rank.layout["sizes"][k] for k in ("tp", "pp", "dp")} == {"tp": 2, "pp": 2, "dp": 1}
+    assert rows(per_rank, "all_to_all", "PP")[0]["members"] == [[0, 2], [1, 3]]
+    assert per_rank.verdict["wall"] == one.verdict["wall"]
+    for w in one.walls:
+        assert abs(one.walls[w]["share"] - per_rank.walls[w]["share"]) <= 0.02, w
