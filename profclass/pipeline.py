@@ -220,11 +220,14 @@ def _layout(profiles, gpus) -> layout.Layout:
     command = [a for p in profiles for a in p.command]
     env = {k: v for p in profiles for k, v in p.env.items()}
     lay = layout.build(config.parse_flags(command), command, env, len(gpus))
-    per_step = [g.analysis.host.kernels / max(g.analysis.window.iterations, 1) for g in gpus]
+    comm = [comm_kernels(g) for g in gpus]
+    # kernels per SendRecv kernel over the whole capture: one program's shape, whatever the
+    # steps each GPU's window holds (ranks' windows may differ; their captures do not)
+    shape = [g.kernels_total / max(int((k["collective"] == "all_to_all").sum()), 1) for g, k in zip(gpus, comm)]
     aggs = [g.kernel_agg for g in gpus]
     gemms = [int(a.loc[a["is_gemm"].astype(bool), "count"].sum()) if a is not None else 0 for a in aggs]
     moe_router = any(a is not None and a["full_name"].str.contains(layout_infer.MOE_ROUTER).any() for a in aggs)
-    layout_infer.infer(lay, [comm_kernels(g) for g in gpus], [g.rank for g in gpus], per_step,
+    layout_infer.infer(lay, comm, [g.rank for g in gpus], shape,
                        windows=[g.window for g in gpus], gemms=gemms, moe_router=moe_router)
     return lay
 

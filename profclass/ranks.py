@@ -69,6 +69,7 @@ class GpuSummary:
     ops: pd.DataFrame
     compute: iv.IntervalSet  # compute kernels over the whole capture
     kernel_agg: pd.DataFrame  # per (full_name, op) in the window: count, ns (see kernel_table)
+    kernels_total: int = 0  # kernels in the whole capture (layout_infer: one program or two)
     step: dict = field(default_factory=dict)  # iterations.step_info, found on this GPU alone
     shift_ns: int = 0  # total clock shift applied (own clock = shared clock - shift_ns)
     runtime: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"start": [], "end": []}))
@@ -187,7 +188,7 @@ def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines
         window_source=g.window_source, iterations=g.iterations, analysis=analysis,
         ops=comm.reset_index(drop=True),
         compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
-        kernel_agg=gpu_kernel_agg(g.ops, g.window), step=step,
+        kernel_agg=gpu_kernel_agg(g.ops, g.window), kernels_total=int(is_kernel.sum()), step=step,
         timeline=g if keep_timelines else None)
 
 

@@ -162,7 +162,7 @@ def test_dp_gradient_all_reduce_is_not_tp(diagnosis):
 
 
 @pytest.mark.parametrize("name", ["mcore_dense_tp2_dp2", "mcore_dense_tp2sp_pp2", "mcore_tp2sp_ep2",
-                                  "mcore_pp2_ep2_m4", "mcore_ep4_base", "mcore_gb_dp4_base"])
+                                  "mcore_pp2_ep2_m4", "mcore_ep4_base", "mcore_gb_dp4_base", "mcore_ep2_rep1"])
 def test_inference_without_the_command_line_recovers_tp(name, monkeypatch):
     """TP from the per-layer collectives' partners, PP from the SendRecv partners a multiple of
     TP away (the TP peers send in lockstep), DP from the world: the whole layout, no flags."""

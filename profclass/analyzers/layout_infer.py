@@ -11,8 +11,10 @@ Then:
   same set) is an all-to-all: EP = clique size;
 - partners that are not partners of each other (a middle stage talks to the stage before and
   the stage after) are pipeline neighbours: PP = the size of the chain they form;
-- a lone pair is EP when both ranks run the same number of kernels per step (EP ranks run one
-  program), PP when they differ (the first stage holds the embedding, the last the loss).
+- a lone pair is EP when both ranks run the same number of kernels per SendRecv kernel over the
+  capture (EP ranks run one program; a ratio of whole-capture counts, so windows of different
+  lengths do not matter), PP when they differ (the first stage holds the embedding, the last the
+  loss).
 
 With two kinds of bucket on one rank, the busier one is EP.
 
@@ -45,7 +47,7 @@ END_TOL_NS = 20_000  # end-time spread of one transfer across its members (docs/
 # non-partners <= 0.35 of the best partner's (0.20 vs 1.00, 0.10 vs 0.52) on the layout captures
 PARTNER_REL = 0.5
 PARTNER_MIN = 0.1
-SAME_PROGRAM_TOL = 0.01  # kernels per step within 1%: the same program
+SAME_PROGRAM_TOL = 0.01  # kernels per SendRecv kernel (whole capture) within 1%: the same program
 # kernels of one collective type per GEMM kernel that mark a per-layer (TP) collective: the
 # geometric mean of the per-bucket DP/MoE-metadata rates (<= 0.054 measured) and the per-layer
 # TP rates (>= 0.22 by Megatron's layer structure, 0.24-0.36 measured), an order of magnitude apart
@@ -127,7 +129,7 @@ def _tp_size(blocks: dict[int, frozenset], ranks, ep_sets: set) -> int | None:
     return t
 
 
-def _classify(bks, per_step: dict) -> tuple[set, set]:
+def _classify(bks, shape: dict) -> tuple[set, set]:
     """EP cliques and PP edges from the buckets."""
     seen = {(r, p) for r, _, p in bks}
     ep, pp = set(), set()
@@ -140,7 +142,7 @@ def _classify(bks, per_step: dict) -> tuple[set, set]:
         is_clique = all((j, frozenset(clique - {j})) in seen for j in p)
         if len(p) == 1 and kinds[r] == 1:  # a lone pair: one program (EP) or two stages (PP)?
             j = next(iter(p))
-            is_clique = is_clique and abs(per_step[r] - per_step[j]) <= SAME_PROGRAM_TOL * max(per_step[r], 1)
+            is_clique = is_clique and abs(shape[r] - shape[j]) <= SAME_PROGRAM_TOL * max(shape[r], 1)
         if is_clique and busiest[r][1] == p:
             ep.add(frozenset(clique))
         else:
@@ -170,18 +172,18 @@ def _chain_size(edges: set) -> int:
     return best
 
 
-def infer(layout: Layout, kernels, ranks, kernels_per_step: list[float], windows=None, gemms=None,
+def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=None, gemms=None,
           moe_router: bool = False) -> None:
     """Fill TP, PP and EP (and what they force) from the traffic, where no command line said
-    them. ``windows`` and ``gemms``: each GPU's steady window and its GEMM kernels there (the
+    them. ``program_shape``: each GPU's kernels per SendRecv kernel over the capture; ``windows`` and ``gemms``: each GPU's steady window and its GEMM kernels there (the
     per-layer test); ``moe_router``: routing kernels seen (a MoE job)."""
     if windows is not None and gemms is not None:  # for the group guess when no layout is known
         layout.per_layer = set().union(*per_layer_types(kernels, windows, gemms))
         layout.moe_router = moe_router
     if any(layout.source.get(k) for k in ("tp", "pp", "ep")) or len(kernels) < 2:
         return
-    per_step = dict(zip(ranks, kernels_per_step))
-    ep_sets, _ = _classify(buckets(kernels, ranks), per_step)
+    shape = dict(zip(ranks, program_shape))
+    ep_sets, _ = _classify(buckets(kernels, ranks), shape)
     tp = None
     if windows is not None and gemms is not None and layout.world == len(ranks):
         blocks = tp_blocks(kernels, ranks, windows, gemms)
@@ -191,7 +193,7 @@ def infer(layout: Layout, kernels, ranks, kernels_per_step: list[float], windows
             tp = None  # the all-gather dispatcher's TP x EP group looks like TP: not decided
         else:  # in a dense job a SendRecv "clique" on the TP block is TP peers sending in lockstep
             tp = _tp_size(blocks, ranks, ep_sets if moe_router else set())
-    ep_sets, pp_edges = _classify(buckets(kernels, ranks, stride=tp or 1), per_step)
+    ep_sets, pp_edges = _classify(buckets(kernels, ranks, stride=tp or 1), shape)
     s, src = layout.sizes, layout.source
     s["ep"], src["ep"] = (max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"
     s["pp"], src["pp"] = _chain_size(pp_edges), "inferred"
