@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from copy import copy
 from dataclasses import asdict, dataclass, field, replace
 
@@ -216,10 +217,13 @@ def _walls(job: Job, shares: dict) -> dict:
 
 
 def _layout(profiles, gpus) -> layout.Layout:
-    """The layout from the command line, else (PP, EP) from the SendRecv traffic."""
+    """The layout from the command line, else (TP, PP, EP) from the traffic."""
     command = [a for p in profiles for a in p.command]
     env = {k: v for p in profiles for k, v in p.env.items()}
     lay = layout.build(config.parse_flags(command), command, env, len(gpus))
+    per_report = max(Counter(g.source for g in gpus).values(), default=0)
+    if lay.gpus_per_node is None and per_report > 1:
+        lay.gpus_per_node = per_report  # one nsys report is one host: its GPUs share a node
     comm = [comm_kernels(g) for g in gpus]
     # kernels per SendRecv kernel over the whole capture: one program's shape, whatever the
     # steps each GPU's window holds (ranks' windows may differ; their captures do not)

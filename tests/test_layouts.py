@@ -177,6 +177,8 @@ def test_inference_without_the_command_line_recovers_tp(name, monkeypatch):
     per_layer = [c for c in d.collectives if c["collective"] in ("all_gather", "reduce_scatter")]
     if par["tp"] > 1:
         assert rows(d, group="TP") and all(c["group"] == "TP" for c in per_layer)
+        # one report is one host: its GPUs, and so TP, share a node's NVLink
+        assert "tp_nvlink_domain" not in [f["id"] for f in d.fixes]
     else:
         assert all(c["group"] != "TP" for c in d.collectives)
 
