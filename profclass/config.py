@@ -47,7 +47,7 @@ def item(value, source: str) -> dict:
 
 
 def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute_ratio: float,
-           cuda_graphs: bool) -> dict[str, dict]:
+           cuda_graphs: bool, ep_size: int | None = None, moe_router: bool = True) -> dict[str, dict]:
     """The ``config`` section: one entry per setting, each with where it was seen."""
     cfg: dict[str, dict] = {}
     flags: dict[str, str | bool] = {}
@@ -73,6 +73,9 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
         disp, src = "hybridep", "HybridEP kernels"
     elif "deepep" in libs:
         disp, src = "deepep", "DeepEP kernels (deep_ep::)"
+    elif ep_size == 1 or not moe_router:
+        # SendRecv is then the pipeline's, all-gathers TP's or the optimizer's
+        disp, src = "none", ("the layout's EP size is 1" if ep_size == 1 else "no MoE router (top-k) kernels")
     elif "all_to_all" in colls:
         disp, src = "alltoall", "NCCL all-to-all / SendRecv kernels"
     elif "all_gather" in colls and n_gpus > 1:
@@ -83,8 +86,10 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
     if isinstance(flag_disp, str):
         cfg["moe_token_dispatcher_type"] = item(flag_disp, "command line")
     cfg["dispatcher"] = item(disp, src)
-    cfg["expert_parallel"] = item(bool(n_gpus > 1 and ("all_to_all" in colls or disp in ("deepep", "hybridep"))),
-                                  "all-to-all traffic between GPUs")
+    if ep_size:
+        cfg["expert_parallel"] = item(ep_size > 1, "the layout's EP size")
+    else:
+        cfg["expert_parallel"] = item(bool(n_gpus > 1 and disp != "none"), "expert token exchange between GPUs")
     cfg["cuda_graphs"] = item(bool(cuda_graphs), "cudaGraphLaunch calls / graph kernels")
     cfg["fp8"] = item(bool(ops["is_fp8"].any()), "FP8 GEMM kernel names")
     cfg["recompute"] = item("full" if recompute_ratio >= 0.5 else ("partial" if recompute_ratio >= 0.05 else "none"),

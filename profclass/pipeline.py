@@ -177,7 +177,8 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
     ops_all = pd.concat(all_ops, ignore_index=True) if all_ops else pd.DataFrame()
     recompute_ratio = float(np.median([r.analysis.memory.recompute_ratio for r in job.records]))
     cuda_graphs = any(r.analysis.host.graph_launches or r.analysis.host.graph_kernels for r in job.records)
-    job.cfg = cfg = config.derive(profiles, ops_all, len(gpus), recompute_ratio, cuda_graphs)
+    job.cfg = cfg = config.derive(profiles, ops_all, len(gpus), recompute_ratio, cuda_graphs,
+                                  ep_size=job.layout.size("ep"), moe_router=job.layout.moe_router)
     numbers = analyzers.job_numbers(job)
     facts = {**config.config_facts(cfg), **analyzers.job_facts(job, numbers)}
     if job.layout.size("ep"):  # the layout knows whether experts are split over ranks

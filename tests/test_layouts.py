@@ -191,7 +191,18 @@ def test_moe_without_an_all_to_all_leaves_tp_unknown(monkeypatch):
     from profclass import diagnose
     monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
     d = diagnose(profile_path("mcore_allgather_4gpu"))
-    assert d.layout["sizes"]["tp"] is None and any("TP" in m for m in d.missing)
+    assert d.layout["sizes"]["tp"] is None and d.layout["sizes"]["ep"] is None
+    assert any("TP, EP" in m for m in d.missing)
+    assert d.config["dispatcher"]["value"] == "allgather" and d.config["expert_parallel"]["value"]
+
+
+def test_pipeline_send_recv_is_no_dispatcher(diagnosis):
+    """SendRecv of a PP-only job (and a dense one) is the pipeline's: the configuration names
+    no MoE dispatcher and no expert parallelism; a rank-0 Bridge capture of an EP job does."""
+    for name in ("mcore_pp4_m4", "mcore_dense_tp2sp_pp2"):
+        cfg = diagnosis(name).config
+        assert cfg["dispatcher"]["value"] == "none" and not cfg["expert_parallel"]["value"], name
+    assert diagnosis("mcore_bridge_pp2_ep2").config["expert_parallel"]["value"]
 
 
 def test_per_kernel_group_moves_only_kernels_that_ended_with_another_group():

@@ -29,7 +29,7 @@ parallel_state gives TP (TP is the fastest-varying rank coordinate), and is not 
 TP. Every PP and EP partner of a rank then sits a multiple of TP away (both groups are strided
 by TP in parallel_state's orders), which removes the TP peers' lockstep coincidences from the
 SendRecv partners. No per-layer collective at all on a dense job means TP = 1; on a MoE job
-without an EP all-to-all (the all-gather dispatcher gathers over TP x EP) TP stays unknown. CP
+without an EP all-to-all (the all-gather dispatcher gathers over TP x EP) TP and EP stay unknown. CP
 is taken as 1 when TP is inferred (no capture with CP: its ring exchange is not recognised).
 What is not determined stays null.
 """
@@ -184,18 +184,20 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
         return
     shape = dict(zip(ranks, program_shape))
     ep_sets, _ = _classify(buckets(kernels, ranks), shape)
-    tp = None
+    tp, ambiguous = None, False
     if windows is not None and gemms is not None and layout.world == len(ranks):
         blocks = tp_blocks(kernels, ranks, windows, gemms)
         if not blocks:
             tp = 1  # no per-layer collective: neither TP nor a MoE token exchange over it
         elif moe_router and not ep_sets:
-            tp = None  # the all-gather dispatcher's TP x EP group looks like TP: not decided
+            # the all-gather dispatcher's TP x EP group looks like TP: neither is decided
+            tp, ambiguous = None, True
         else:  # in a dense job a SendRecv "clique" on the TP block is TP peers sending in lockstep
             tp = _tp_size(blocks, ranks, ep_sets if moe_router else set())
     ep_sets, pp_edges = _classify(buckets(kernels, ranks, stride=tp or 1), shape)
     s, src = layout.sizes, layout.source
-    s["ep"], src["ep"] = (max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"
+    s["ep"], src["ep"] = ((None, None) if ambiguous else
+                          ((max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"))
     s["pp"], src["pp"] = _chain_size(pp_edges), "inferred"
     if tp:
         s["tp"], s["cp"], src["tp"], src["cp"] = tp, 1, "inferred", "inferred"
