@@ -34,11 +34,12 @@ def align_clocks(gpus: list[GpuTimeline], session_start: dict[int, int | None]) 
         if starts.get(ref) is not None and starts.get(g.source) is not None:
             shift_timeline(g, starts[g.source] - starts[ref])
     skew = {}
-    aligned = [next(g for g in gpus if g.source == ref)]
+    aligned = [_ends_by_type(g) for g in gpus if g.source == ref]
     for s in sources[1:]:
         mine = [g for g in gpus if g.source == s]
+        ends = _ends_by_type(mine[0])
         # of the matches that agree, the one with the most kernels behind its median
-        fits = [f for a in aligned for f in _offsets(a, mine[0]) if f[1] <= FINE_MAX_RESIDUAL_NS]
+        fits = [f for a in aligned for f in _offsets(a, ends) if f[1] <= FINE_MAX_RESIDUAL_NS]
         off, residual, _ = max(fits, key=lambda f: (f[2], -f[1])) if fits else (0, -1, 0)
         if residual >= 0:
             for g in mine:
@@ -46,7 +47,7 @@ def align_clocks(gpus: list[GpuTimeline], session_start: dict[int, int | None]) 
             skew[s] = residual
         else:
             skew[s] = -1  # nothing that matches: session start only
-        aligned.extend(mine)
+        aligned.extend(_ends_by_type(g) for g in mine)  # read after the shift
     return skew
 
 
@@ -64,14 +65,19 @@ def shift_timeline(g: GpuTimeline, off: int) -> None:
         g.ops[c] = np.where(g.ops[c] >= 0, g.ops[c] + off, -1)
 
 
-def _offsets(a: GpuTimeline, b: GpuTimeline) -> list[tuple[int, int, int]]:
+def _ends_by_type(g: GpuTimeline) -> dict[str, np.ndarray]:
+    """A GPU's collective kernel end times by collective type, in capture order."""
+    k = comm_kernels(g)
+    return {str(c): sub["end"].to_numpy() for c, sub in k.groupby("collective", observed=True)}
+
+
+def _offsets(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[tuple[int, int, int]]:
     """(offset, residual, kernels) per collective type the two GPUs ran equally often: the
     median end difference of the k-th kernels, and the median distance from it."""
-    ka, kb = comm_kernels(a), comm_kernels(b)
     out = []
-    for ctype, ga in ka.groupby("collective", observed=True):
-        ea, eb = ga["end"].to_numpy(), kb.loc[kb["collective"] == ctype, "end"].to_numpy()
-        if len(ea) and len(ea) == len(eb):
+    for ctype, ea in a.items():
+        eb = b.get(ctype)
+        if eb is not None and len(ea) and len(ea) == len(eb):
             diffs = ea - eb
             off = int(np.median(diffs))
             out.append((off, int(np.median(np.abs(diffs - off))), len(diffs)))
