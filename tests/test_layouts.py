@@ -299,3 +299,31 @@ def test_per_rank_reports_of_tp_x_pp_keep_one_clock(tmp_path, diagnosis, monkeyp
     assert per_rank.verdict["wall"] == one.verdict["wall"]
     for w in one.walls:
         assert abs(one.walls[w]["share"] - per_rank.walls[w]["share"]) <= 0.02, w
+
+
+def test_per_layer_collectives_without_visible_partners_leave_tp_unknown():
+    """TP = 1 only when no collective runs per layer; per-layer all-reduces whose ends match no
+    other rank's (too spread to pair, e.g. a slow fabric) say TP exists but not its size."""
+    import numpy as np
+    import pandas as pd
+
+    from profclass.analyzers.layout import Layout
+    from profclass.analyzers.layout_infer import infer
+
+    def ranks_kernels(offset_ns):
+        out = []
+        for r in range(4):
+            ends = np.arange(100) * 1_000_000 + r * offset_ns + 50_000
+            out.append(pd.DataFrame({"start": ends - 10_000, "end": ends, "collective": "all_reduce", "stream": 7}))
+        return out
+
+    windows, gemms = [(0, 10**9)] * 4, [300] * 4  # 100 all-reduces per 300 GEMMs: per layer
+    apart = Layout(world=4)
+    infer(apart, ranks_kernels(200_000), [0, 1, 2, 3], [1.0] * 4, windows=windows, gemms=gemms)
+    assert apart.sizes["tp"] is None and apart.source["tp"] is None
+    together = Layout(world=4)
+    infer(together, ranks_kernels(0), [0, 1, 2, 3], [1.0] * 4, windows=windows, gemms=gemms)
+    assert together.sizes["tp"] == 4 and together.sizes["dp"] == 1
+    none = Layout(world=4)
+    infer(none, ranks_kernels(0), [0, 1, 2, 3], [1.0] * 4, windows=windows, gemms=[10_000] * 4)
+    assert none.sizes["tp"] == 1 and none.sizes["dp"] == 4

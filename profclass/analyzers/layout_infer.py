@@ -100,13 +100,13 @@ def per_layer_types(kernels, windows, gemms) -> list[set]:
     return out
 
 
-def tp_blocks(kernels, ranks, windows, gemms) -> dict[int, frozenset]:
+def tp_blocks(kernels, ranks, per_layer: list[set]) -> dict[int, frozenset]:
     """Per rank, the members (itself included) of its per-layer collective group: partners of
-    every collective type that runs at ``PER_LAYER_MIN`` kernels per GEMM or more."""
+    every collective type ``per_layer_types`` found on it."""
     ends = {(r, c): np.sort(k.loc[k["collective"] == c, "end"].to_numpy())
             for r, k in zip(ranks, kernels) for c in PER_LAYER_TYPES}
     out = {}
-    for r, k, types in zip(ranks, kernels, per_layer_types(kernels, windows, gemms)):
+    for r, k, types in zip(ranks, kernels, per_layer):
         for c in types:
             x = k.loc[k["collective"] == c, "end"].to_numpy()
             partners = _partners({j: _near(x, ends[(j, c)]).mean() for j in ranks if j != r})
@@ -177,18 +177,21 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     """Fill TP, PP and EP (and what they force) from the traffic, where no command line said
     them. ``program_shape``: each GPU's kernels per SendRecv kernel over the capture; ``windows`` and ``gemms``: each GPU's steady window and its GEMM kernels there (the
     per-layer test); ``moe_router``: routing kernels seen (a MoE job)."""
-    if windows is not None and gemms is not None:  # for the group guess when no layout is known
-        layout.per_layer = set().union(*per_layer_types(kernels, windows, gemms))
+    per_layer = per_layer_types(kernels, windows, gemms) if windows is not None and gemms is not None else None
+    if per_layer is not None:  # for the group guess when no layout is known
+        layout.per_layer = set().union(*per_layer)
         layout.moe_router = moe_router
     if any(layout.source.get(k) for k in ("tp", "pp", "ep")) or len(kernels) < 2:
         return
     shape = dict(zip(ranks, program_shape))
     ep_sets, _ = _classify(buckets(kernels, ranks), shape)
     tp, ambiguous = None, False
-    if windows is not None and gemms is not None and layout.world == len(ranks):
-        blocks = tp_blocks(kernels, ranks, windows, gemms)
-        if not blocks:
+    if per_layer is not None and layout.world == len(ranks):
+        blocks = tp_blocks(kernels, ranks, per_layer)
+        if not any(per_layer):
             tp = 1  # no per-layer collective: neither TP nor a MoE token exchange over it
+        elif not blocks:
+            tp = None  # per-layer collectives whose partners do not show (ends too spread to match)
         elif moe_router and not ep_sets:
             # the all-gather dispatcher's TP x EP group looks like TP: neither is decided
             tp, ambiguous = None, True
