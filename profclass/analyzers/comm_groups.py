@@ -23,7 +23,7 @@ import pandas as pd
 
 from ..kernels import COLLECTIVE_GROUP
 from .layout import Layout
-from .layout_infer import END_TOL_NS
+from .layout_infer import END_TOL_NS, end_gap
 
 # which groups each collective type can run on, when its size is over 1
 CANDIDATES = {"all_to_all": ("EP", "PP"), "all_gather": ("TP", "CP", "DP", "EDP", "ETP", "EP"),
@@ -41,18 +41,9 @@ def _candidates(ctype: str, groups: dict[str, list[int]], layout: Layout) -> lis
     return [g for g in CANDIDATES.get(ctype, ()) if (sizes.get(g) or 1) > 1]
 
 
-def _end_gap(own_end: np.ndarray, peer_ends: np.ndarray) -> np.ndarray:
-    """For each own end, the distance to the nearest peer end (inf when the peer has none)."""
-    if len(peer_ends) == 0:
-        return np.full(len(own_end), np.inf)
-    idx = np.clip(np.searchsorted(peer_ends, own_end), 1, len(peer_ends)) - 1
-    nxt = np.clip(idx + 1, 0, len(peer_ends) - 1)
-    return np.minimum(np.abs(peer_ends[idx] - own_end), np.abs(peer_ends[nxt] - own_end))
-
-
 def _member_gap(ends: np.ndarray, members: list[int], me: int, ends_by_rank: dict, ctype: str) -> np.ndarray:
     """Per kernel, the largest distance to the nearest same-type end on each other member."""
-    gaps = [_end_gap(ends, ends_by_rank.get((m, ctype), np.empty(0))) for m in members if m != me]
+    gaps = [end_gap(ends, ends_by_rank.get((m, ctype), np.empty(0))) for m in members if m != me]
     return np.max(gaps, axis=0) if gaps else np.full(len(ends), np.inf)
 
 

@@ -57,12 +57,18 @@ PER_LAYER_TYPES = ("all_reduce", "all_gather", "reduce_scatter")
 MOE_ROUTER = re.compile(r"topk", re.I)
 
 
+def end_gap(own_end: np.ndarray, peer_ends: np.ndarray) -> np.ndarray:
+    """For each own end, the distance to the nearest of the sorted ``peer_ends`` (inf when the
+    peer has none)."""
+    if len(peer_ends) == 0:
+        return np.full(len(own_end), np.inf)
+    idx = np.clip(np.searchsorted(peer_ends, own_end), 1, len(peer_ends)) - 1
+    nxt = np.clip(idx + 1, 0, len(peer_ends) - 1)
+    return np.minimum(np.abs(peer_ends[idx] - own_end), np.abs(peer_ends[nxt] - own_end))
+
+
 def _near(x: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    if len(ends) == 0:
-        return np.zeros(len(x), bool)
-    idx = np.clip(np.searchsorted(ends, x), 1, len(ends)) - 1
-    nxt = np.clip(idx + 1, 0, len(ends) - 1)
-    return np.minimum(np.abs(ends[idx] - x), np.abs(ends[nxt] - x)) <= END_TOL_NS
+    return end_gap(x, ends) <= END_TOL_NS
 
 
 def _shares(x: np.ndarray, r: int, ranks, ends: dict, stride: int) -> dict[int, float]:
@@ -103,13 +109,13 @@ def per_layer_types(kernels, windows, gemms) -> list[set]:
 def tp_blocks(kernels, ranks, per_layer: list[set]) -> dict[int, frozenset]:
     """Per rank, the members (itself included) of its per-layer collective group: partners of
     every collective type ``per_layer_types`` found on it."""
-    ends = {(r, c): np.sort(k.loc[k["collective"] == c, "end"].to_numpy())
-            for r, k in zip(ranks, kernels) for c in PER_LAYER_TYPES}
+    ends = {c: {r: np.sort(k.loc[k["collective"] == c, "end"].to_numpy()) for r, k in zip(ranks, kernels)}
+            for c in PER_LAYER_TYPES}
     out = {}
     for r, k, types in zip(ranks, kernels, per_layer):
         for c in types:
             x = k.loc[k["collective"] == c, "end"].to_numpy()
-            partners = _partners({j: _near(x, ends[(j, c)]).mean() for j in ranks if j != r})
+            partners = _partners(_shares(x, r, ranks, ends[c], 1))
             if partners:
                 out[r] = out.get(r, frozenset()) | partners | {r}
     return out
@@ -184,7 +190,8 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     if any(layout.source.get(k) for k in ("tp", "pp", "ep")) or len(kernels) < 2:
         return
     shape = dict(zip(ranks, program_shape))
-    ep_sets, _ = _classify(buckets(kernels, ranks), shape)
+    unstrided = _classify(buckets(kernels, ranks), shape)
+    ep_sets = unstrided[0]
     tp, ambiguous = None, False
     if per_layer is not None and layout.world == len(ranks):
         blocks = tp_blocks(kernels, ranks, per_layer)
@@ -197,7 +204,8 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
             tp, ambiguous = None, True
         else:  # in a dense job a SendRecv "clique" on the TP block is TP peers sending in lockstep
             tp = _tp_size(blocks, ranks, ep_sets if moe_router else set())
-    ep_sets, pp_edges = _classify(buckets(kernels, ranks, stride=tp or 1), shape)
+    # with TP known, the SendRecv partners again, only a multiple of TP away
+    ep_sets, pp_edges = _classify(buckets(kernels, ranks, stride=tp), shape) if tp and tp > 1 else unstrided
     s, src = layout.sizes, layout.source
     s["ep"], src["ep"] = ((None, None) if ambiguous else
                           ((max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"))
