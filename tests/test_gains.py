@@ -52,16 +52,13 @@ def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows,
             continue
         if not r["ok"]:
             assert f"`{p['base']}`" in doc, f"{p['base']}: the miss is not explained"
-            # the one exception docs/fixes.md gives: a base rerun that diff shows host-perturbed
-            assert r["covered"] or f"`{p['candidate']}`" in doc, \
-                f"{p['base']}: realized {r['realized']:.1f} outside the predicted range"
-    assert sum(not r["ok"] and not r["covered"] for r in rows) <= 1
+            assert r["covered"], f"{p['base']}: realized {r['realized']:.1f} outside the predicted range"
 
 
 def test_priced_pairs_meet_the_target_where_captures_are_consistent(rows):
-    """Of the priced pairs, every miss is one docs/fixes.md attributes to the capture (host-bound
-    under tracing, a host that ran faster in one run, a step-long host stall, a host-perturbed
-    base rerun); 15 of 23 meet the target today."""
+    """Of the priced pairs, every miss is one docs/fixes.md explains (host-bound under tracing, a
+    host that ran faster in one run, step-long pauses, a moving routing imbalance); 15 of 23
+    meet the target today."""
     priced = [r for r in rows if r["pred"]["expected_gain_ms"] is not None]
     assert sum(r["ok"] for r in priced) >= 15
 
@@ -69,26 +66,44 @@ def test_priced_pairs_meet_the_target_where_captures_are_consistent(rows):
 def test_held_out_gpu_bound_pairs_meet_the_target(rows):
     """The gpubound pairs were captured after the models were written (capture_layouts.sh
     gpubound, gpubound_pp; gpubound2 after the host-issue terms), on jobs the GPU paces under
-    tracing: 6 of their 8 meet the target (the misses: interleaving, where one of the
-    candidate's three captured steps held a 140-170 ms host pause)."""
+    tracing, and judged on their untraced reruns: 5 of their 8 meet the target (the misses:
+    interleaving and DP overlap, whose runs hold a step-long pause, and a moving routing
+    imbalance the model does not price)."""
     held_out = [r for r in rows if r["pair"]["base"].startswith("mcore_gb_")]
-    assert len(held_out) == 8
-    assert sum(r["ok"] for r in held_out) >= 6
+    assert len(held_out) == 8 and all(r["untraced"] for r in held_out)
+    assert sum(r["ok"] for r in held_out) >= 5
 
 
 def test_held_out_dense_pairs(rows):
-    """Predicted before they ran (fixtures/notes.md): DP overlap on TP x DP and VPP on TP x PP
-    meet the target; twice the micro-batches misses on a host-perturbed base rerun."""
+    """Predicted before they ran (fixtures/notes.md), judged on their untraced reruns: DP
+    overlap on TP x DP, VPP on TP x PP and twice the micro-batches all meet the target (the
+    last missed in the traced window, on a host-perturbed base rerun)."""
     dense = {r["pair"]["candidate"]: r for r in rows if r["pair"]["base"].startswith("mcore_dense_")}
     assert set(dense) == {"pair_tp2_dp2_dpoverlap", "pair_tp2sp_pp2_vpp2", "pair_tp2sp_pp2_m16"}
-    assert dense["pair_tp2_dp2_dpoverlap"]["ok"] and dense["pair_tp2sp_pp2_vpp2"]["ok"]
-    # outside the capture (untraced iteration 3) the micro-batch change realizes what was predicted
+    assert all(r["ok"] for r in dense.values())
     m16 = dense["pair_tp2sp_pp2_m16"]
-    assert abs(m16["uncaptured"] - m16["pred"]["expected_gain_ms"]) <= 0.3 * m16["uncaptured"]
+    assert abs(m16["traced"] - m16["pred"]["expected_gain_ms"]) > 0.3 * m16["traced"]  # the traced miss
+
+
+def test_untraced_reruns_are_whole_and_paired():
+    """Each untraced pair names one log per replicate for both jobs; every log holds the 11
+    steady steps of a 14-iteration run, and a job's replicates ran the same configuration."""
+    for p in gain_pairs.corpus()["gain_pair"]:
+        u = p.get("untraced")
+        if not u:
+            continue
+        assert len(u["base"]) == len(u["candidate"]) >= 2, p["base"]
+        for logs in (u["base"], u["candidate"]):
+            heads = {(ROOT / log).read_text().split("world=", 1)[1].split("\n", 1)[0] for log in logs}
+            assert len(heads) == 1, logs
+            for log in logs:
+                assert len(gain_pairs.untraced_steps(log)) == 11, log
+        assert u["base"] != u["candidate"]
 
 
 @pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met: 15 of 23, the misses "
-                   "explained in docs/fixes.md (host-bound captures, a faster host in one run, host pauses)")
+                   "explained in docs/fixes.md (host-bound captures, a faster host in one run, step-long "
+                   "pauses, a moving routing imbalance)")
 def test_issue_target_80_percent_of_pairs(rows):
     assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
 

@@ -316,8 +316,12 @@ def numbers(job: Job) -> dict:
     slow = str(job.cfg.get("NCCL_P2P_DISABLE", {}).get("value", "")) == "1"
     flags = job.cfg.get("command_line_flags", {}).get("value", {})
     layers = next((int(flags[f]) for f in ("--num-layers", "--layers") if str(flags.get(f, "")).isdigit()), None)
+    ep_share = group_share(job, ("EP",), EP_COLLECTIVES)
+    exposed_ep = exposed_ms(job, EP_COLLECTIVES, True) * ep_share
     return dict(comm_wait_ms=comm_wait_ms,
-                exposed_ep_ms=exposed_ms(job, EP_COLLECTIVES, True) * group_share(job, ("EP",), EP_COLLECTIVES),
+                exposed_ep_ms=exposed_ep,
+                # the ranks' wait for their EP peers inside the dispatcher's collectives
+                ep_wait_ms=max(exposed_ms(job, EP_COLLECTIVES, False) * ep_share - exposed_ep, 0.0),
                 exposed_dp_ms=exposed_ms(job, DP_COLLECTIVES, False) * dp_share,
                 exposed_dp_transfer_ms=exposed_ms(job, DP_COLLECTIVES, True) * dp_share,
                 exposed_tp_ms=exposed_ms(job, tp_types, False) * group_share(job, ("TP", "ETP"), tp_types),

@@ -100,6 +100,15 @@ def _balance(n: dict) -> Gain:
     w, k = n["straggler_wait_ms"], max(n["gpus"], 2)
     # low: half, or nothing where the profile calls the straggler host-bound (routing may not be why)
     low = w / (2 * k) if n["straggler_reason"] == "imbalance" else 0.0
+    if n["straggler_reason"] is None:
+        # no rank is late step after step, but learned routing can overload a different rank in
+        # each layer: every rank then waits inside the EP collectives for that layer's busiest
+        # one. Jitter waits there too, and one profile cannot tell the two apart, so that wait
+        # is the top of the range, not the estimate (docs/fixes.md)
+        moving = n.get("ep_wait_ms") or 0.0
+        return gain("straggler_balance", 0.0, 0.0, moving, moving,
+                    f"no rank late step after step; up to the {moving:.1f} ms/step the ranks wait for "
+                    f"their EP peers, if a moving routing imbalance is why")
     return gain("straggler_balance", w / k, low, w / (k - 1), w,
                 f"others' summed wait {w:.1f} ms/step / {k} ranks (the excess spread over all)")
 
