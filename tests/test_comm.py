@@ -32,9 +32,10 @@ def add_rank(b, *, pid, device, compute_ms, clock=0, end_jitter=(0,) * STEPS, ex
     for i in range(STEPS):
         t = T0 + i * STEP * MS + clock
         b.add_nvtx(f"iteration {i}", t - MS, t + (STEP - 1) * MS, pid=pid)
-        b.add_kernel(t, t + compute_ms * MS, "sm90_xmma_gemm_bf16", device=device, pid=pid,
+        c = compute_ms[i] if isinstance(compute_ms, tuple) else compute_ms  # per step, or one for all
+        b.add_kernel(t, t + c * MS, "sm90_xmma_gemm_bf16", device=device, pid=pid,
                      launch=(t - MS // 2, t - MS // 2 + 5_000))
-        b.add_kernel(t + compute_ms * MS, t + 12 * MS + end_jitter[i], A2A_SHORT, demangled=A2A,
+        b.add_kernel(t + c * MS, t + 12 * MS + end_jitter[i], A2A_SHORT, demangled=A2A,
                      device=device, pid=pid, stream=20, launch=(t - 4 * MS // 10, t - 4 * MS // 10 + 5_000))
         b.add_kernel(t + 12 * MS, t + 18 * MS, "vectorized_elementwise_kernel", device=device, pid=pid,
                      launch=(t - 3 * MS // 10, t - 3 * MS // 10 + 5_000))
@@ -99,6 +100,27 @@ def test_matching_survives_an_extra_leading_collective(tmp_path):
     # by end time, not by position, so nothing changes
     d = profclass.diagnose(str(one_report(tmp_path / "job.sqlite", extra_leading_rank=1)))
     check_imbalanced_job(d, hot_rank=0)
+
+
+def test_moving_imbalance_is_priced_from_the_work_spread_between_syncs(tmp_path):
+    """Four ranks; a different one holds 10 ms of work each step (the others 4): no straggler,
+    but at each all-to-all all wait for that step's busiest rank. Between consecutive
+    all-to-alls (end of one to start of the next) a rank computes 6 + c ms: 16 on the busiest,
+    10 on the others, so the spread over the mean is 16 - 11.5 = 4.5 ms a segment; 3 segments
+    lie whole inside the 4-step window: 13.5 / 4 = 3.375 ms per step."""
+    rotating = [tuple(10 if i % 4 == r else 4 for i in range(STEPS)) for r in range(4)]
+    d = profclass.diagnose(str(one_report(tmp_path / "job.sqlite", computes=rotating)))
+    assert d.stragglers == []
+    assert d.numbers["ep_work_imbalance_ms"] == pytest.approx(3.375)
+    fix = next(f for f in d.fixes if f["id"] == "ep_balance_routing")  # 17% of a 20 ms step: offered
+    assert fix["expected_gain_ms"] == pytest.approx(3.375, abs=0.01)
+    assert fix["gain_low_ms"] == pytest.approx(3.375 / 2, abs=0.01)
+    evidence = {e["metric"]: e["value"] for e in d.evidence}
+    assert evidence["EP work imbalance"] == pytest.approx(3.375)
+    # the same work on every rank: no spread, and the fix is not offered
+    even = profclass.diagnose(str(one_report(tmp_path / "even.sqlite", computes=(7, 7, 7))))
+    assert even.numbers["ep_work_imbalance_ms"] == 0.0
+    assert "ep_balance_routing" not in [f["id"] for f in even.fixes]
 
 
 def test_balanced_job_has_no_straggler_and_no_waiting(tmp_path):

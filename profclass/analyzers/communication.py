@@ -47,6 +47,9 @@ class CommAnalysis:
     ranks: list[RankComm]
     collectives: list[dict]  # one row per collective type (job level, ms per step)
     matched_instances: int = 0
+    # the busiest EP member's compute over the members' mean between consecutive EP
+    # collectives, summed per step (mean over the job's EP groups): work, not timing
+    ep_work_imbalance_ms: float = 0.0
 
 
 @dataclass
@@ -126,7 +129,7 @@ def analyse_ranks(job: Job) -> CommAnalysis:
     for rec, rc in zip(job.records, ranks):
         rec.comm = rc
     ctx = (gpus, [g.compute for g in gpus], [r.iterations for r in job.records], ranks)
-    rows, matched = [], 0
+    rows, matched, imbalance = [], 0, 0.0
     # the distinct (collective, group) pairs of each GPU first: a few, not one per kernel
     pairs = sorted({(str(c), str(g)) for k in kernels
                     for c, g in k[["collective", "group"]].drop_duplicates().itertuples(index=False, name=None)})
@@ -138,8 +141,28 @@ def analyse_ranks(job: Job) -> CommAnalysis:
                 if len(members) > 1 else _unmatched(subs[members[0]])
             matched += len(S) if len(members) > 1 else 0
             _add_instances(row, ctype, S, E, members, ctx)
+            if group == "EP" and ctype in EP_COLLECTIVES:
+                imbalance += work_imbalance_ms(S, E, members, ctx) * len(members) / len(gpus)
         rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
-    return CommAnalysis(ranks, rows, matched)
+    return CommAnalysis(ranks, rows, matched, imbalance)
+
+
+def work_imbalance_ms(S: np.ndarray, E: np.ndarray, members: list[int], ctx) -> float:
+    """Per step, the sum over the segments between consecutive matched instances (each rank
+    from its end of one to its start of the next) of the busiest member's compute time minus
+    the members' mean. Each instance is a sync point: all wait for the member with the most
+    work since the last one, and equal work would bring the segment to the mean. Compute time,
+    not arrival time: a late launch or a slow host shifts arrivals but not the work, so jitter
+    stays out (balanced-routing runs measure 0.1-1 ms/step, docs/fixes.md)."""
+    gpus, compute_sets, iterations, _ = ctx
+    if S.shape[0] < 2 or len(members) < 2:
+        return 0.0
+    busy = np.stack([iv.measure_within(compute_sets[j], E[:-1, c], np.maximum(S[1:, c], E[:-1, c]))
+                     for c, j in enumerate(members)], axis=1)
+    lo, hi = max(gpus[j].window[0] for j in members), min(gpus[j].window[1] for j in members)
+    inside = (S[:-1].min(axis=1) >= lo) & (S[1:].max(axis=1) < hi)
+    its = float(np.mean([max(iterations[j], 1) for j in members]))
+    return float((busy.max(axis=1) - busy.mean(axis=1))[inside].sum()) / its / 1e6
 
 
 def _instances(group: str, ctype: str, job: Job, n: int) -> list[list[int]]:
@@ -322,6 +345,7 @@ def numbers(job: Job) -> dict:
                 exposed_ep_ms=exposed_ep,
                 # the ranks' wait for their EP peers inside the dispatcher's collectives
                 ep_wait_ms=max(exposed_ms(job, EP_COLLECTIVES, False) * ep_share - exposed_ep, 0.0),
+                ep_work_imbalance_ms=job.comm.ep_work_imbalance_ms,
                 exposed_dp_ms=exposed_ms(job, DP_COLLECTIVES, False) * dp_share,
                 exposed_dp_transfer_ms=exposed_ms(job, DP_COLLECTIVES, True) * dp_share,
                 exposed_tp_ms=exposed_ms(job, tp_types, False) * group_share(job, ("TP", "ETP"), tp_types),

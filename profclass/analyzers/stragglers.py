@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .gainmodel import Gain, gain
-from .job import Job
+from .job import Job, evidence_row
 
 STRAGGLER_BLAME_SHARE = 0.5  # a straggler causes at least half of all blamed delay...
 # ...costs at least this share of the step (corpus: balanced runs 5-10%, stragglers >= 22%)...
@@ -102,13 +102,14 @@ def _balance(n: dict) -> Gain:
     low = w / (2 * k) if n["straggler_reason"] == "imbalance" else 0.0
     if n["straggler_reason"] is None:
         # no rank is late step after step, but learned routing can overload a different rank in
-        # each layer: every rank then waits inside the EP collectives for that layer's busiest
-        # one. Jitter waits there too, and one profile cannot tell the two apart, so that wait
-        # is the top of the range, not the estimate (docs/fixes.md)
-        moving = n.get("ep_wait_ms") or 0.0
-        return gain("straggler_balance", 0.0, 0.0, moving, moving,
-                    f"no rank late step after step; up to the {moving:.1f} ms/step the ranks wait for "
-                    f"their EP peers, if a moving routing imbalance is why")
+        # each layer: every EP sync then waits for that layer's busiest rank. Balanced routing
+        # brings each segment's work to the members' mean, saving the measured spread; the
+        # ranks' EP waiting (jitter included) bounds it from above
+        spread, waited = n.get("ep_work_imbalance_ms") or 0.0, n.get("ep_wait_ms") or 0.0
+        return gain("straggler_balance", spread, spread / 2, max(waited, spread), max(waited, spread),
+                    f"no rank late step after step; the busiest EP rank's compute over the mean between "
+                    f"EP syncs, {spread:.1f} ms/step (a moving routing imbalance); up to the "
+                    f"{waited:.1f} ms/step the ranks wait for their EP peers")
     return gain("straggler_balance", w / k, low, w / (k - 1), w,
                 f"others' summed wait {w:.1f} ms/step / {k} ranks (the excess spread over all)")
 
@@ -127,9 +128,20 @@ def numbers(job: Job) -> dict:
                 straggler_reason=job.stragglers[0]["reason"] if job.stragglers else None)
 
 
+# a moving routing imbalance worth a fix: the EP work spread (communication.work_imbalance_ms)
+# above this share of the step; balanced-routing runs measure 0.1-0.2% (docs/fixes.md)
+ROUTING_IMBALANCE_MIN = 0.01
+
+
 def facts(job: Job, numbers: dict) -> dict:
-    return dict(straggler_reason=job.stragglers[0]["reason"] if job.stragglers else None)
+    reason = job.stragglers[0]["reason"] if job.stragglers else None
+    moving = reason is None and numbers.get("ep_work_imbalance_ms", 0.0) >= ROUTING_IMBALANCE_MIN * job.step_ms
+    return dict(straggler_reason=reason, routing_imbalanced=reason == "imbalance" or moving)
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
-    return []
+    spread = numbers.get("ep_work_imbalance_ms", 0.0)
+    if not spread:
+        return []
+    return [evidence_row("compute", "EP work imbalance", spread, "ms/step",
+                         "the busiest EP rank's compute over the mean between EP collectives (routing load)")]
