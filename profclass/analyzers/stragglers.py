@@ -135,7 +135,10 @@ ROUTING_IMBALANCE_MIN = 0.01
 
 def facts(job: Job, numbers: dict) -> dict:
     reason = job.stragglers[0]["reason"] if job.stragglers else None
-    moving = reason is None and numbers.get("ep_work_imbalance_ms", 0.0) >= ROUTING_IMBALANCE_MIN * job.step_ms
+    # as for a straggler's reason: experts split over ranks (EP > 1, or EP unknown)
+    ep = job.layout.size("ep") if job.layout is not None else None
+    moving = (reason is None and (ep is None or ep > 1)
+              and numbers.get("ep_work_imbalance_ms", 0.0) >= ROUTING_IMBALANCE_MIN * job.step_ms)
     return dict(straggler_reason=reason, routing_imbalanced=reason == "imbalance" or moving)
 
 
