@@ -65,14 +65,19 @@ def _reason(job: Job, j: int, wall: str) -> str:
     reason = REASON_OF_WALL[wall]
     if reason != "imbalance":
         return reason
-    ep = job.layout.size("ep") if job.layout is not None else None
     me, others = job.records[j], [r for k, r in enumerate(job.records) if k != j]
     extra = me.analysis.compute.compute_ns / me.iterations - \
         float(np.median([r.analysis.compute.compute_ns / r.iterations for r in others]))
     extra_gemm = me.analysis.compute.gemm_ns / me.iterations - \
         float(np.median([r.analysis.compute.gemm_ns / r.iterations for r in others]))
     in_gemms = extra <= 0 or extra_gemm >= 0.5 * extra
-    return "imbalance" if (ep is None or ep > 1) and in_gemms else "compute"
+    return "imbalance" if _experts_split(job) and in_gemms else "compute"
+
+
+def _experts_split(job: Job) -> bool:
+    """Whether experts may be split over ranks: EP > 1, or EP unknown."""
+    ep = job.layout.size("ep") if job.layout is not None else None
+    return ep is None or ep > 1
 
 
 def _detail(job: Job, j: int, wall: str, excess: float) -> str:
@@ -134,10 +139,8 @@ ROUTING_IMBALANCE_MIN = 0.01
 
 
 def facts(job: Job, numbers: dict) -> dict:
-    reason = job.stragglers[0]["reason"] if job.stragglers else None
-    # as for a straggler's reason: experts split over ranks (EP > 1, or EP unknown)
-    ep = job.layout.size("ep") if job.layout is not None else None
-    moving = (reason is None and (ep is None or ep > 1)
+    reason = numbers["straggler_reason"]
+    moving = (reason is None and _experts_split(job)
               and numbers.get("ep_work_imbalance_ms", 0.0) >= ROUTING_IMBALANCE_MIN * job.step_ms)
     return dict(straggler_reason=reason, routing_imbalanced=reason == "imbalance" or moving)
 
