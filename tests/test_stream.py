@@ -26,12 +26,18 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
                      ).reset_index(drop=True)
 
 
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one pass per table", "a pass per process"])
 @pytest.mark.parametrize("name", ["dpoverlap_4gpu", "mcore_pp2_ep2_m4", "mcore_memwall_full", "compute_1gpu"])
-def test_passes_partition_the_whole_load(tmp_path, name):
+def test_passes_partition_the_whole_load(tmp_path, name, one_pass):
     path = _export(tmp_path, name)
     whole = load(path, API_CALLS_USED)
-    # the first process the kernel scan meets comes first (read while the scan goes on)
-    passes = sorted(load_by_process(path, API_CALLS_USED), key=lambda p: int(p.kernels["pid"].iloc[0]))
+    read = load_by_process(path, API_CALLS_USED, one_pass=one_pass)
+    assert read.all_read == one_pass
+    # the first process in the kernel table comes first
+    first = int(whole.kernels["pid"].iloc[0])
+    passes = list(read)
+    assert int(passes[0].kernels["pid"].iloc[0]) == first
+    passes.sort(key=lambda p: int(p.kernels["pid"].iloc[0]))
     pids = sorted(whole.kernels["pid"].unique())
     assert [sorted(p.kernels["pid"].unique()) for p in passes] == [[q] for q in pids]
     for table in PER_PROCESS:
@@ -78,3 +84,17 @@ def test_locked_multi_process_export_is_one_error(tmp_path, monkeypatch):
     finally:
         writer.execute("COMMIT")
         writer.close()
+
+
+@pytest.mark.parametrize("name", ["dpoverlap_4gpu", "mcore_pp2_ep2_m4"])
+def test_both_ways_give_the_same_diagnosis(tmp_path, monkeypatch, name):
+    """One pass per table (processes analysed two at a time) and a pass per process (one at a
+    time): the same JSON, byte for byte."""
+    import profclass.load as loader
+    from profclass.pipeline import diagnose
+    path = _export(tmp_path, name)
+    assert loader.fits_one_pass(path)
+    one_pass = diagnose(path).to_json()
+    monkeypatch.setattr(loader, "ONE_PASS_ACTIVITY_ROWS", 0)
+    assert not loader.fits_one_pass(path)
+    assert diagnose(path).to_json() == one_pass

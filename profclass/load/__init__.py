@@ -29,18 +29,20 @@ import sqlite3
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pandas as pd
 
 from ..errors import ProfileError
-from .profile import RawProfile
+from .profile import MEMEV_COLS, MEMSET_COLS, RawProfile, empty_frame
 from .schema import Schema, column_or, pid_expr, string_table
 from .tables import (NVTX_EMPTY, no_runtime_rows, nvtx_empty, read_gpu_metrics, read_gpus, read_kernels,
-                     read_memcpy, read_memory_events, read_memset, read_meta, read_nvtx, read_runtime,
-                     read_runtime_by_process)
+                     no_memcpy_rows, read_memcpy, read_memory_events, read_memset, read_meta, read_nvtx,
+                     read_nvtx_by_process,
+                     read_runtime, read_runtime_by_process, split_by_pid)
 from .transport import BUSY_TIMEOUT_S, LOADER, SQLITE_FAILURES, connect_readonly, release_memory, sqlite_problem
 
-__all__ = ["BUSY_TIMEOUT_S", "LOADER", "SQLITE_FAILURES", "RawProfile", "Schema", "connect_readonly", "load",
-           "load_by_process"]
+__all__ = ["BUSY_TIMEOUT_S", "LOADER", "SQLITE_FAILURES", "ProcessPasses", "RawProfile", "Schema",
+           "connect_readonly", "load", "load_by_process"]
 
 
 def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
@@ -63,20 +65,148 @@ def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
         con.close()
 
 
+class ProcessPasses:
+    """The export one process at a time (iterate it: a ``RawProfile`` per process). ``all_read``:
+    every process's rows were read at once (one pass per table), so a caller may work on
+    several processes together without holding more rows than are already in memory."""
+
+    def __init__(self, passes: Iterator[RawProfile], all_read: bool):
+        self._passes, self.all_read = passes, all_read
+
+    def __iter__(self) -> Iterator[RawProfile]:
+        return self._passes
+
+
 def load_by_process(path: str, api_names: re.Pattern | None = None,
-                    pids: set[int] | None = None) -> Iterator[RawProfile]:
+                    pids: set[int] | None = None, one_pass: bool | None = None) -> ProcessPasses:
     """The export one process at a time: a ``RawProfile`` per process with kernels, holding
     only that process's rows, plus the file-wide GPU properties, metrics and metadata (shared
-    by all). The next process is read in a thread while the caller works on the current one
-    when processes are small (``READ_AHEAD_MAX_BYTES``), else after it, so at most two (or one)
-    processes' rows are in memory, whatever the file's size; freed memory goes back to the OS
-    between processes (``release_memory``).
+    by all).
 
-    Order: the first process the kernel scan meets (read while the scan goes on to find the
-    others, so a one-process file costs no extra pass), then the others by pid. A file whose
-    kernels carry no process ids (or that has no kernels) comes as one ``load``. ``pids``:
-    only these processes (the re-read of the GPUs that must take the job's step).
+    Two ways, the same rows (tests/test_stream.py):
+    - *one pass per table* where the file's tables are small enough (``fits_one_pass``): each
+      table is read once for every process and split by process in memory. SQLite has no index
+      on an export, so every ``WHERE pid = ?`` is a scan of the whole table: a 4-process file
+      read this way takes one scan per table instead of four.
+    - *a pass per process* above that: only one or two processes' rows are in memory at once,
+      whatever the file's size. The next process is read in a thread while the caller works on
+      the current one when processes are small (``READ_AHEAD_MAX_BYTES``), else after it;
+      freed memory goes back to the OS between processes (``release_memory``).
+
+    Order: the first process the kernel table holds, then the others by pid. A file whose
+    kernels carry no process ids (or that has no kernels) comes as one ``load``. ``pids``: only
+    these processes (the re-read of the GPUs that must take the job's step). ``one_pass``:
+    force a way (tests, benchmarks); None decides by size.
     """
+    if one_pass is None:
+        one_pass = fits_one_pass(path)
+    return ProcessPasses((_by_process_one_pass if one_pass else _by_process_passes)(path, api_names, pids),
+                         one_pass)
+
+
+# The one-pass way holds every process's rows at once: it is taken where the tables have at
+# most this many rows (largest rowid, no scan); the CUDA API calls are counted apart
+# (ONE_PASS_API_ROWS) because the loader keeps only ~30% of them. Basis: the 1 GB 4-GPU export
+# (5.4M kernel, copy, memset and NVTX rows; 13.5M API calls) peaks at 1311-1324 MiB read this way
+# with two processes analysed at once, ~0.2 GiB of it the interpreter and libraries; in
+# proportion, 7M rows and 16M API calls come to ~1.7 GiB, under the 2 GiB bound (bench/RESULTS.md,
+# fifth session). The 4 GB export (23.6M rows) takes a pass per process
+ONE_PASS_ACTIVITY_ROWS = 7_000_000
+_ACTIVITY_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+                    "NVTX_EVENTS", "CUDA_GPU_MEMORY_USAGE_EVENTS")
+
+
+def fits_one_pass(path: str) -> bool:
+    """Whether ``load_by_process`` reads ``path`` one pass per table (see ONE_PASS_*)."""
+    con, schema, _ = _open(path)
+    try:
+        return (sum(_table_rows(con, schema, t) for t in _ACTIVITY_TABLES) <= ONE_PASS_ACTIVITY_ROWS
+                and _table_rows(con, schema, "CUPTI_ACTIVITY_KIND_RUNTIME") <= ONE_PASS_API_ROWS)
+    finally:
+        con.close()
+
+
+def _by_process_one_pass(path: str, api_names: re.Pattern | None, pids: set[int] | None) -> Iterator[RawProfile]:
+    con, schema, strings = _open(path)
+    try:
+        if not _has_process_ids(schema):
+            yield load(path, api_names)
+            return
+        missing: list[str] = []
+        try:
+            parts = _read_every_process(path, con, schema, strings, api_names, missing)
+            if not parts:
+                yield load(path, api_names)
+                return
+            rows = [(p, d) for p, frames in parts.items() for d in np.unique(frames["kernels"]["device"])]
+            shared = _shared(con, schema, strings, path, rows)
+        except SQLITE_FAILURES as exc:
+            raise ProfileError(path, sqlite_problem(exc)) from None
+        order = list(parts)  # the first process in the kernel table first, then by pid
+        for p in order:
+            frames = parts.pop(p)  # nothing here holds a process's rows once the caller drops them
+            if pids is None or p in pids:
+                yield _with_shared(shared, frames, list(missing))
+    finally:
+        con.close()
+
+
+def _read_every_process(path, con, schema, strings, api_names, missing) -> dict[int, dict]:
+    """{pid: its tables} for every process with kernels, each table read in one pass for all
+    processes and split; the CUDA API calls and the NVTX ranges on connections of their own in
+    threads (SQLite and the Arrow transfer run without the GIL) while the kernels load here."""
+    with ThreadPoolExecutor(2) as pool:
+        calls = pool.submit(_read_runtime_all, path, api_names, None)
+        rest = pool.submit(_read_apart, path, _copies_nvtx_and_memory_events)
+        kernels = read_kernels(con, schema, strings, missing, None)
+        if kernels.empty:
+            return {}
+        first = int(kernels["pid"].iat[0])
+        # (parts by pid, what a pass of its own gives a process without rows)
+        tables = dict(kernels=(split_by_pid(kernels), None))
+        del kernels
+        (copies, copies_missing, marks), marks_missing = rest.result()
+        by_pid, runtime_missing = calls.result()
+    tables.update(copies)
+    tables["runtime"] = ((by_pid, no_runtime_rows()) if isinstance(by_pid, dict)
+                         else ({}, by_pid))  # no usable API calls: the same empty frame for each
+    tables.update(marks)
+    # in the order a pass per process reports them: kernels, copies, API calls, NVTX, memory
+    missing.extend(copies_missing + runtime_missing + marks_missing)
+    parts = {}
+    for p in [first] + sorted(set(tables["kernels"][0]) - {first}):
+        parts[p] = {t: by.pop(p) if p in by else none.copy() for t, (by, none) in tables.items()}
+    return parts
+
+
+def _copies_nvtx_and_memory_events(con, schema, strings, missing):
+    """Copies, memsets, NVTX ranges and memory events of every process, one pass each, split by
+    process: {table: (parts, what a process without rows gets)} of the copies, what they miss
+    (apart: it is reported before the API calls'), and the same of the rest."""
+    copies_missing: list[str] = []
+    copies = dict(memcpy=(split_by_pid(read_memcpy(con, schema, copies_missing, None)), no_memcpy_rows()),
+                  memset=(split_by_pid(read_memset(con, schema, copies_missing, None)), empty_frame(MEMSET_COLS)))
+    marks = dict(nvtx=read_nvtx_by_process(con, schema, strings, missing),
+                 memory_events=(split_by_pid(read_memory_events(con, schema, missing, None)),
+                                empty_frame(MEMEV_COLS)))
+    return copies, copies_missing, marks
+
+
+def _read_apart(path: str, read):
+    """``read(con, schema, strings, missing)`` on a connection of its own: (result, missing)."""
+    con = connect_readonly(path)
+    try:
+        schema = Schema(con)
+        missing: list[str] = []
+        try:
+            return read(con, schema, string_table(con, schema), missing), missing
+        except SQLITE_FAILURES as exc:
+            raise ProfileError(path, sqlite_problem(exc)) from None
+    finally:
+        con.close()
+
+
+def _by_process_passes(path: str, api_names: re.Pattern | None, pids: set[int] | None) -> Iterator[RawProfile]:
     con, schema, strings = _open(path)
     try:
         with ThreadPoolExecutor(1) as pool, ThreadPoolExecutor(1) as apart:
@@ -170,11 +300,15 @@ def _open(path: str):
         raise
 
 
+def _has_process_ids(schema: Schema) -> bool:
+    return schema.has("CUPTI_ACTIVITY_KIND_KERNEL", "start", "end", "globalPid")
+
+
 def _process_scan(con, schema: Schema):
     """A cursor over the distinct (process, device) pairs with kernels (as ``read_kernels``
     keeps them), or None where the kernel table has no process ids."""
     T = "CUPTI_ACTIVITY_KIND_KERNEL"
-    if not schema.has(T, "start", "end", "globalPid"):
+    if not _has_process_ids(schema):
         return None
     dev = column_or(schema.columns[T], "deviceId", "k")
     return con.execute(f"SELECT DISTINCT {pid_expr('k.globalPid')}, {dev} FROM {schema.t(T)} k "
@@ -211,8 +345,8 @@ def _read_process(path, con, schema, strings, api_names, pid, missing, calls=Non
     return frames
 
 
-# the API calls of every process but the first are read in one pass (and split by process in
-# memory) where the table has at most this many rows, of which the loader keeps ~30% (launch,
+# the API calls are read in one pass (and split by process in memory; in the pass-per-process
+# way, those of every process but the first) where the table has at most this many rows, of which the loader keeps ~30% (launch,
 # allocator and sync calls): two scans of the table instead of one per process (1 GB 4-GPU
 # export, 13.5M rows: wall 7.7-7.9 -> 7.2-7.3 s, peak RSS +240 MiB); above it (4 GB: 54M
 # rows), one pass per process keeps memory bounded
@@ -231,19 +365,10 @@ def _table_rows(con, schema: Schema, table: str) -> float:
 
 
 def _read_runtime_all(path: str, api_names: re.Pattern | None,
-                      other_than: int) -> tuple[dict | pd.DataFrame, list[str]]:
+                      other_than: int | None) -> tuple[dict | pd.DataFrame, list[str]]:
     """``read_runtime_by_process`` (every process but ``other_than``) on a connection of its own."""
-    con = connect_readonly(path)
-    try:
-        schema = Schema(con)
-        missing: list[str] = []
-        try:
-            return read_runtime_by_process(con, schema, string_table(con, schema), missing, api_names,
-                                           other_than), missing
-        except SQLITE_FAILURES as exc:
-            raise ProfileError(path, sqlite_problem(exc)) from None
-    finally:
-        con.close()
+    return _read_apart(path, lambda con, schema, strings, missing: read_runtime_by_process(
+        con, schema, strings, missing, api_names, other_than))
 
 
 def _calls_of(calls: tuple, pid: int) -> tuple[pd.DataFrame, list[str]]:
@@ -258,10 +383,5 @@ def _calls_of(calls: tuple, pid: int) -> tuple[pd.DataFrame, list[str]]:
 def _read_runtime_apart(path: str, api_names: re.Pattern | None,
                         pid: int | None) -> tuple[pd.DataFrame, list[str]]:
     """``read_runtime`` on a connection of its own (for the loader's second thread)."""
-    con = connect_readonly(path)
-    try:
-        schema = Schema(con)
-        missing: list[str] = []
-        return read_runtime(con, schema, string_table(con, schema), missing, api_names, pid), missing
-    finally:
-        con.close()
+    return _read_apart(path, lambda con, schema, strings, missing: read_runtime(
+        con, schema, strings, missing, api_names, pid))

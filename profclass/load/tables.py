@@ -101,10 +101,18 @@ def read_memcpy(con, s: Schema, missing: list, pid: int | None = None) -> pd.Dat
                  if {"srcKind", "dstKind", "copyKind"} <= c else "-1")
     sql = (f"SELECT {_copy_columns(c)}, {column_or(c, 'copyKind', 'm')}, "
            f"{host_kind} FROM {s.t(T)} m WHERE {_copy_pid(c, pid)}m.end >= m.start")
-    df = query(con, sql, dict(MEMCPY_COLS, kind="int64", pinned="int64"))
+    return _memcpy_kinds(query(con, sql, dict(MEMCPY_COLS, kind="int64", pinned="int64")))
+
+
+def _memcpy_kinds(df: pd.DataFrame) -> pd.DataFrame:
     df["kind"] = df["kind"].map(KIND_NAMES).fillna("other")
     df["pinned"] = df["pinned"] == PINNED_KIND
     return df
+
+
+def no_memcpy_rows() -> pd.DataFrame:
+    """What ``read_memcpy`` returns for a process without copies."""
+    return _memcpy_kinds(empty_frame(dict(MEMCPY_COLS, kind="int64", pinned="int64")))
 
 
 def read_memset(con, s: Schema, missing: list, pid: int | None = None) -> pd.DataFrame:
@@ -214,28 +222,100 @@ def _runtime_names(df: pd.DataFrame, plain: dict) -> pd.DataFrame:
 def read_nvtx(con, s: Schema, strings: str | None, missing: list, pid: int | None = None) -> pd.DataFrame:
     """NVTX ranges. With ``pid`` (one process of many), an empty result is not reported as
     missing: ``nvtx_empty`` answers that for the whole file."""
+    raw = _nvtx_rows(con, s, strings, missing, pid)
+    if raw is None:
+        return empty_frame(NVTX_COLS)
+    df = _nvtx_finish(con, strings, raw, _nvtx_domains(con, s))
+    if df.empty and pid is None:
+        missing.append(NVTX_EMPTY)
+    return df
+
+
+def read_nvtx_by_process(con, s: Schema, strings: str | None,
+                         missing: list) -> tuple[dict[int, pd.DataFrame], pd.DataFrame]:
+    """``read_nvtx(..., pid=p)`` of every process ``p`` in one pass over the table: ({pid:
+    ranges}, what a process without ranges gets). Text ids and domains are resolved per
+    process, as a pass of its own would."""
+    raw = _nvtx_rows(con, s, strings, missing, None)
+    if raw is None:
+        return {}, empty_frame(NVTX_COLS)
+    domains = _nvtx_domains(con, s)
+    parts = {p: _nvtx_finish(con, strings, part, domains) for p, part in split_by_pid(raw).items()}
+    return parts, _nvtx_finish(con, strings, raw.iloc[:0].copy(), domains)
+
+
+def _nvtx_rows(con, s: Schema, strings: str | None, missing: list, pid: int | None) -> pd.DataFrame | None:
+    """The ranges as read (``text_id`` beside ``text`` where registered strings travel as ids),
+    or None where the export has no usable NVTX table."""
     sql = _nvtx_sql(s, strings, missing, pid)
     if sql is None:
-        return empty_frame(NVTX_COLS)
-    c = s.columns["NVTX_EVENTS"]
-    by_id = "textId" in c and strings
+        return None
     cols = dict(start="int64", end="int64", gtid="int64", text="object", domain="int64")
-    if by_id:  # registered strings travel as ids: looked up once per distinct id, not per row
+    if "textId" in s.columns["NVTX_EVENTS"] and strings:  # looked up once per distinct id, not per row
         cols = dict(start="int64", end="int64", gtid="int64", text="object", text_id="int64",
                     domain="int64")
-    df = _pid_tid(query(con, sql, cols))
-    if by_id:
-        _texts_from_ids(con, strings, df)
+    return _pid_tid(query(con, sql, cols))
+
+
+def _nvtx_domains(con, s: Schema) -> dict:
+    """Domain id -> name (0: the default domain, "")."""
+    c = s.columns["NVTX_EVENTS"]
     domains = {0: ""}
     if "eventType" in c and "domainId" in c and "text" in c:
         for dom_id, name in con.execute(
                 f"SELECT domainId, text FROM {s.t('NVTX_EVENTS')} WHERE eventType=?", (NVTX_DOMAIN_CREATE,)):
             domains[dom_id] = name or ""
+    return domains
+
+
+def _nvtx_finish(con, strings: str | None, df: pd.DataFrame, domains: dict) -> pd.DataFrame:
+    if "text_id" in df.columns:
+        _texts_from_ids(con, strings, df)
     df["domain"] = df["domain"].map(domains).fillna("")
     df["text"] = df["text"].fillna("")
-    if df.empty and pid is None:
-        missing.append(NVTX_EMPTY)
     return df
+
+
+def split_by_pid(df: pd.DataFrame) -> dict[int, pd.DataFrame]:
+    """{pid: that process's rows}, in table order, as a read ``WHERE pid = ?`` gives them: a
+    categorical lists only the names its process uses. One stable counting sort of the rows by
+    process (a few distinct ids: radix on small codes), one gather per column, and each process
+    a slice of it (views: the whole table's rows are held once, not twice)."""
+    pids = df["pid"].to_numpy()
+    codes, uniq = pd.factorize(pids)  # hash, first-seen order
+    if len(uniq) == 1:
+        return {int(uniq[0]): df}
+    order = np.argsort(codes.astype(np.int16 if len(uniq) < 2**15 else np.int64), kind="stable")  # int16: radix
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniq)))])
+    cols = {}
+    for c in df.columns:
+        col = df[c]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            cols[c] = (col.cat.codes.to_numpy()[order], col.cat.categories)
+        else:
+            cols[c] = (col.to_numpy()[order] if col.dtype != object and not isinstance(col.dtype, pd.StringDtype)
+                       else col.take(order).reset_index(drop=True), None)
+    out = {}
+    for k in np.argsort(uniq):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        part = {}
+        for c, (arr, cats) in cols.items():
+            if cats is not None:
+                part[c] = _used_categories(arr[lo:hi], cats)
+            elif isinstance(arr, pd.Series):
+                part[c] = arr.iloc[lo:hi].reset_index(drop=True)
+            else:
+                part[c] = arr[lo:hi]
+        out[int(uniq[k])] = pd.DataFrame(part, copy=False)
+    return out
+
+
+def _used_categories(codes: np.ndarray, cats: pd.Index) -> pd.Categorical:
+    """``Categorical.from_codes(codes, cats).remove_unused_categories()`` by counting, not
+    sorting, the codes (no -1 codes: every row has a name)."""
+    used = np.bincount(codes, minlength=len(cats)) > 0
+    renumber = (np.cumsum(used) - 1).astype(codes.dtype)
+    return pd.Categorical.from_codes(renumber[codes], categories=cats[used])
 
 
 def _texts_from_ids(con, strings: str, df: pd.DataFrame) -> None:
