@@ -153,8 +153,9 @@ def _by_process_one_pass(path: str, api_names: re.Pattern | None, pids: set[int]
 
 def _read_every_process(path, con, schema, strings, api_names, missing) -> dict[int, dict]:
     """{pid: its tables} for every process with kernels, each table read in one pass for all
-    processes and split; the CUDA API calls and the NVTX ranges on connections of their own in
-    threads (SQLite and the Arrow transfer run without the GIL) while the kernels load here."""
+    processes and split: the kernels here, the CUDA API calls in one thread and the copies,
+    memsets, NVTX ranges and memory events in another, each on a connection of its own (SQLite
+    and the Arrow transfer run without the GIL)."""
     with ThreadPoolExecutor(2) as pool:
         calls = pool.submit(_read_runtime_all, path, api_names, None)
         rest = pool.submit(_read_apart, path, _copies_nvtx_and_memory_events)
