@@ -50,6 +50,9 @@ class CommAnalysis:
     # the busiest EP member's compute over the members' mean between consecutive EP
     # collectives, summed per step (mean over the job's EP groups): work, not timing
     ep_work_imbalance_ms: float = 0.0
+    # per GPU: (end, exposed transfer ns) of each EP and DP collective in its window, the
+    # traffic a faster fabric speeds up (``fabric_bankable``)
+    fabric_transfers: list = field(default_factory=list)
 
 
 @dataclass
@@ -130,6 +133,7 @@ def analyse_ranks(job: Job) -> CommAnalysis:
         rec.comm = rc
     ctx = (gpus, [g.compute for g in gpus], [r.iterations for r in job.records], ranks)
     rows, matched, imbalance = [], 0, 0.0
+    fabric = [[] for _ in gpus]
     # the distinct (collective, group) pairs of each GPU first: a few, not one per kernel
     pairs = sorted({(str(c), str(g)) for k in kernels
                     for c, g in k[["collective", "group"]].drop_duplicates().itertuples(index=False, name=None)})
@@ -140,11 +144,19 @@ def analyse_ranks(job: Job) -> CommAnalysis:
             S, E = _match([(subs[j]["start"].to_numpy(), subs[j]["end"].to_numpy()) for j in members]) \
                 if len(members) > 1 else _unmatched(subs[members[0]])
             matched += len(S) if len(members) > 1 else 0
-            _add_instances(row, ctype, S, E, members, ctx)
+            _add_instances(row, ctype, S, E, members, ctx,
+                           fabric if _over_fabric(group, ctype) else None)
             if group == "EP" and ctype in EP_COLLECTIVES:
                 imbalance += work_imbalance_ms(S, E, members, ctx) * len(members) / len(gpus)
         rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
-    return CommAnalysis(ranks, rows, matched, imbalance)
+    return CommAnalysis(ranks, rows, matched, imbalance,
+                        [(np.concatenate([e for e, _ in f]), np.concatenate([t for _, t in f])) if f
+                         else (np.zeros(0, np.int64), np.zeros(0, np.int64)) for f in fabric])
+
+
+def _over_fabric(group: str, ctype: str) -> bool:
+    """The collectives the fabric model prices: EP all-to-alls and DP reductions."""
+    return (group == "EP" and ctype in EP_COLLECTIVES) or (group in ("DP", "EDP") and ctype in DP_COLLECTIVES)
 
 
 def work_imbalance_ms(S: np.ndarray, E: np.ndarray, members: list[int], ctx) -> float:
@@ -197,9 +209,10 @@ def _new_row(ctype: str, group: str, subs: list[pd.DataFrame], members: list[dic
                 exposed_wait_ms_per_step=0.0, overlapped_ms_per_step=0.0)
 
 
-def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx) -> None:
+def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx, fabric: list | None = None) -> None:
     """One group instance's matched collectives: their ms per step (a mean over all GPUs of
-    the job) into ``row``, wait/transfer/blame into each member's ``RankComm``."""
+    the job) into ``row``, wait/transfer/blame into each member's ``RankComm``; with
+    ``fabric``, each member's (ends, exposed transfer) appended to its list there."""
     gpus, compute_sets, iterations, ranks = ctx
     if S.size == 0:
         return
@@ -218,7 +231,10 @@ def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx) -> None
         covered_wait = iv.measure_within(compute_sets[j], s, s + w)
         t = (e - s) - w
         exposed_wait = int((w - covered_wait).sum())
-        exposed_transfer = int((t - (covered - covered_wait)).clip(min=0).sum())
+        exposed_each = (t - (covered - covered_wait)).clip(min=0)
+        exposed_transfer = int(exposed_each.sum())
+        if fabric is not None:
+            fabric[j].append((e, exposed_each))
         rc = ranks[j]
         rc.wait_ns += int(w.sum())
         rc.transfer_ns += int(t.sum())
@@ -273,9 +289,12 @@ def _fabric(n: dict) -> Gain:
     if not n["slow_fabric"]:
         return gain("fabric_ratio", 0.0, 0.0, n["exposed_ep_ms"], n["exposed_ep_ms"],
                     "no slow path in evidence (NCCL_P2P_DISABLE not set): the traffic already takes NVLink")
-    # low 0: in a host-bound step a faster transfer only lengthens the wait for the next launch
-    return gain("fabric_ratio", t * (1 - SLOW_OVER_NVLINK), 0.0, t, t,
-                f"exposed transfer {t:.1f} ms/step x (1 - {SLOW_OVER_NVLINK:.2f} slow/NVLink bandwidth)")
+    # the transfer falls to the bandwidth ratio; the step banks the share the hosts' waits allow
+    # (low 0: in a host-bound step a faster transfer only lengthens the wait for the next launch)
+    f = n.get("fabric_bankable", 1.0)
+    return gain("fabric_ratio", t * (1 - SLOW_OVER_NVLINK) * f, 0.0, t, t,
+                f"exposed transfer {t:.1f} ms/step x (1 - {SLOW_OVER_NVLINK:.2f} slow/NVLink bandwidth)"
+                f" x {f:.2f} (the share the hosts' waits for the GPU let the step bank)")
 
 
 GAINS = {
@@ -350,7 +369,27 @@ def numbers(job: Job) -> dict:
                 exposed_dp_transfer_ms=exposed_ms(job, DP_COLLECTIVES, True) * dp_share,
                 exposed_tp_ms=exposed_ms(job, tp_types, False) * group_share(job, ("TP", "ETP"), tp_types),
                 dp_reductions_per_step=dp_calls / float(np.median([r.iterations for r in job.records])),
-                slow_fabric=slow, num_layers=layers)
+                slow_fabric=slow, num_layers=layers, fabric_bankable=fabric_bankable(job))
+
+
+def fabric_bankable(job: Job) -> float:
+    """The share of a faster fabric's saving the hosts let the step bank. Between two host
+    waits for the GPU (``idle.host_waits``) the GPU's queue was filled by a host that then sat
+    waiting: a saving in that segment lets the host's next work start earlier by at most the
+    time it waited; beyond that the GPU just idles until the host catches up. Each EP and DP
+    collective's exposed transfer counts in the segment of the first wait ending after it; those
+    after the window's last wait (no sign of the host pacing them) count whole. Sum over GPUs
+    of what is banked over the sum of the savings (1 where nothing is known)."""
+    banked = total = 0.0
+    for rec, (ends, saved) in zip(job.records, job.comm.fabric_transfers):
+        wait_start, wait_end = getattr(rec.gpu, "host_waits", (np.zeros(0), np.zeros(0)))
+        if not len(saved):
+            continue
+        seg = np.searchsorted(wait_end, ends)  # a collective ending by wait j's end is in segment j
+        by_seg = np.bincount(seg, weights=saved.astype(float), minlength=len(wait_end) + 1)
+        banked += float(np.minimum(by_seg[:-1], wait_end - wait_start).sum() + by_seg[-1])
+        total += float(saved.sum())
+    return banked / total if total else 1.0
 
 
 def facts(job: Job, numbers: dict) -> dict:

@@ -119,6 +119,24 @@ def _host_calls(r: IdleResult, gpu: GpuTimeline):
     return alloc, sync_end
 
 
+def host_waits(gpu: GpuTimeline) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends), by end, of the spans the host sat blocked waiting for this GPU inside its
+    window: host syncs, and blocking device-to-host copies to pageable memory (their launch call
+    returns when the GPU drained). A faster GPU can bring the host's next work forward by at
+    most these (``communication``'s fabric gain: what the host lets a GPU saving bank)."""
+    lo, hi = gpu.window
+    rt = gpu.runtime
+    sync = rt[name_matches(rt["name"], SYNC_CALLS) & (rt["end"] > lo).to_numpy(bool)
+              & (rt["start"] < hi).to_numpy(bool)]
+    ops = gpu.ops
+    d2h = ops[(ops["kind"] == "DtoH") & ~ops["pinned"] & (ops["launch_end"] > lo) & (ops["launch_start"] >= 0)
+              & (ops["launch_start"] < hi)]
+    start = np.r_[sync["start"].to_numpy(np.int64), d2h["launch_start"].to_numpy(np.int64)]
+    end = np.r_[sync["end"].to_numpy(np.int64), d2h["launch_end"].to_numpy(np.int64)]
+    order = np.argsort(end, kind="stable")
+    return start[order], end[order]
+
+
 def _split(r: IdleResult, gpu: GpuTimeline, gaps: iv.IntervalSet, off: pd.DataFrame, inp: pd.DataFrame) -> None:
     a, b = gaps
     alloc, sync_end = _host_calls(r, gpu)
