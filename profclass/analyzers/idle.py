@@ -108,15 +108,19 @@ def _host_calls(r: IdleResult, gpu: GpuTimeline):
     in_w = (alloc["start"] < hi) & (alloc["end"] > lo)
     r.alloc_calls = int(in_w.sum())
     r.alloc_call_ns = int((alloc["end"] - alloc["start"])[in_w].sum())
-    # blocking device-to-host copies to pageable memory return only when the GPU drained
-    ops = gpu.ops
-    d2h = ops[(ops["kind"] == "DtoH") & ~ops["pinned"] & (ops["launch_end"] >= 0)]
+    d2h = _blocking_copies(gpu.ops)
     sync_end = np.sort(np.r_[sync["end"].to_numpy(), d2h["launch_end"].to_numpy()])
     sw = (sync["start"] < hi) & (sync["end"] > lo)
     r.sync_calls = int(sw.sum()) + int(((d2h["start"] >= lo) & (d2h["start"] < hi)).sum())
     r.sync_call_ns = int((sync["end"] - sync["start"])[sw].sum())
     r.device_syncs = int((sw & name_matches(sync["name"], DEVICE_SYNC_CALLS)).sum())
     return alloc, sync_end
+
+
+def _blocking_copies(ops: pd.DataFrame) -> pd.DataFrame:
+    """Device-to-host copies to pageable memory with their launch call: the call returns only
+    when the GPU drained (a host sync)."""
+    return ops[(ops["kind"] == "DtoH") & ~ops["pinned"] & (ops["launch_end"] >= 0)]
 
 
 def host_waits(gpu: GpuTimeline) -> tuple[np.ndarray, np.ndarray]:
@@ -128,9 +132,8 @@ def host_waits(gpu: GpuTimeline) -> tuple[np.ndarray, np.ndarray]:
     rt = gpu.runtime
     sync = rt[name_matches(rt["name"], SYNC_CALLS) & (rt["end"] > lo).to_numpy(bool)
               & (rt["start"] < hi).to_numpy(bool)]
-    ops = gpu.ops
-    d2h = ops[(ops["kind"] == "DtoH") & ~ops["pinned"] & (ops["launch_end"] > lo) & (ops["launch_start"] >= 0)
-              & (ops["launch_start"] < hi)]
+    d2h = _blocking_copies(gpu.ops)
+    d2h = d2h[(d2h["launch_end"] > lo) & (d2h["launch_start"] < hi)]
     start = np.r_[sync["start"].to_numpy(np.int64), d2h["launch_start"].to_numpy(np.int64)]
     end = np.r_[sync["end"].to_numpy(np.int64), d2h["launch_end"].to_numpy(np.int64)]
     order = np.argsort(end, kind="stable")
