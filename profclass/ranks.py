@@ -77,6 +77,8 @@ class GpuSummary:
     kernels_total: int = 0  # kernels in the whole capture (layout_infer: one program or two)
     # (starts, ends) of the host's waits for this GPU in the window (idle.host_waits)
     host_waits: tuple = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    # (starts, ends) of the GEMM-free stretches around its step boundaries (iterations.boundary_gaps)
+    boundary_gaps: tuple = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     step: dict = field(default_factory=dict)  # iterations.step_info, found on this GPU alone
     shift_ns: int = 0  # total clock shift applied (own clock = shared clock - shift_ns)
     runtime: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"start": [], "end": []}))
@@ -94,6 +96,7 @@ class GpuSummary:
         self.iterations = _shift_iterations(self.iterations, off)
         self.compute = (self.compute[0] + off, self.compute[1] + off)
         self.host_waits = (self.host_waits[0] + off, self.host_waits[1] + off)
+        self.boundary_gaps = (self.boundary_gaps[0] + off, self.boundary_gaps[1] + off)
         if self.timeline is not None:
             tl = self.timeline
             shift_timeline(tl, off)
@@ -197,7 +200,7 @@ def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines
         ops=comm.reset_index(drop=True),
         compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
         kernel_agg=gpu_kernel_agg(g.ops, g.window), kernels_total=int(is_kernel.sum()), step=step,
-        host_waits=idle.host_waits(g),
+        host_waits=idle.host_waits(g), boundary_gaps=it.boundary_gaps(g),
         timeline=g if keep_timelines else None)
 
 

@@ -327,3 +327,53 @@ def test_per_layer_collectives_without_visible_partners_leave_tp_unknown():
     none = Layout(world=4)
     infer(none, ranks_kernels(0), [0, 1, 2, 3], [1.0] * 4, windows=windows, gemms=[10_000] * 4)
     assert none.sizes["tp"] == 1 and none.sizes["dp"] == 4
+
+
+def _one_process(src, out_dir):
+    """The export of the first process (rank 0's GPU) alone, as a one-rank capture writes it."""
+    import sqlite3
+
+    from conftest import decompress_fixture
+    path = decompress_fixture(src, out_dir / "rank0.sqlite")
+    con = sqlite3.connect(path)
+    pid = con.execute("SELECT (globalPid >> 24) & 16777215 FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                      "ORDER BY deviceId LIMIT 1").fetchone()[0]
+    for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
+        cols = {c[1] for c in con.execute(f'PRAGMA table_info("{t}")')}
+        for col in ("globalPid", "globalTid"):
+            if col in cols:
+                con.execute(f'DELETE FROM "{t}" WHERE ({col} >> 24) & 16777215 != ?', (pid,))
+    con.commit()
+    con.close()
+    return path
+
+
+@pytest.mark.parametrize("name", ["mcore_dense_tp2_dp2", "mcore_tp2sp_ep2"])
+def test_one_rank_of_tp_x_dp_splits_tp_from_dp_like_all_ranks(name, tmp_path, monkeypatch):
+    """Rank 0 captured alone (its command line says TP 2, DP 2): with no peers to match, the
+    collectives in the GEMM-free stretch before each step boundary are DP's, the rest TP's.
+    Checked against the whole report, where each kernel's group comes from the ranks it
+    finished with: >= 95% of rank 0's collective time gets the same group (both views of the
+    dense job were 68% before the rule: its DP gradient all-reduce was called TP)."""
+    from conftest import profile_path
+
+    from profclass import diagnose
+    from profclass.analyzers import communication
+    seen = []
+    grouped = communication.grouped_kernels
+
+    def keep(job):
+        out = grouped(job)
+        seen.append(next(k for r, k in zip(job.records, out) if r.gpu.rank == 0))
+        return out
+    monkeypatch.setattr(communication, "grouped_kernels", keep)
+    diagnose(str(profile_path(name)))
+    alone = diagnose(str(_one_process(profile_path(name), tmp_path)))
+    whole, one = (k.sort_values("start").reset_index(drop=True) for k in seen)
+    assert len(whole) == len(one)
+    ns = (whole["end"] - whole["start"]).to_numpy()
+    same = whole["group"].to_numpy() == one["group"].to_numpy()
+    assert ns[same].sum() >= 0.95 * ns.sum()
+    assert {"TP", "DP"} <= {c["group"] for c in alone.collectives}
+    assert all(c["group_source"].startswith("one rank") for c in alone.collectives
+               if c["group"] in ("TP", "DP"))

@@ -15,6 +15,15 @@ The evidence, strongest first:
    single rank (no peers): SendRecv is PP when EP = 1 and EP when PP = 1; with both, the
    stream carrying most SendRecv kernels per step is EP (one all-to-all per MoE layer and
    micro-batch against PP's few per micro-batch), a guess.
+3. *Where in the step, on a single rank*, when both a per-layer group (TP, CP, ETP) and a
+   per-step one (DP, EDP) could carry the collective: Megatron reduces gradients once per
+   step, after the last micro-batch's backward, while the per-layer groups' collectives sit
+   inside every forward and backward, among GEMMs. A kernel in the GEMM-free stretch before a
+   step boundary (``iterations.boundary_gaps``: the optimizer phase) is the per-step group's,
+   the rest the per-layer group's. Misread by this, and so labelled a guess: gradient
+   reductions overlapped with backward (called per-layer), and the per-layer groups'
+   collectives of that phase (``finalize_model_grads``' layernorm-gradient all-reduce under
+   SP, the optimizer's gradient-norm all-reduce: called per-step).
 """
 from __future__ import annotations
 
@@ -47,15 +56,24 @@ def _member_gap(ends: np.ndarray, members: list[int], me: int, ends_by_rank: dic
     return np.max(gaps, axis=0) if gaps else np.full(len(ends), np.inf)
 
 
-def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterations: list[int]) -> list[tuple]:
-    """Per GPU, (group per kernel as an array, source per kernel, members per group)."""
+# the groups whose collectives run inside every layer and micro-batch, and those Megatron
+# issues once per step (gradient reduction, parameter gather)
+PER_LAYER_GROUPS = ("TP", "CP", "ETP")
+PER_STEP_GROUPS = ("DP", "EDP")
+
+
+def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterations: list[int],
+           boundary_gaps: list[tuple] | None = None) -> list[tuple]:
+    """Per GPU, (group per kernel as an array, source per kernel, members per group).
+    ``boundary_gaps``: per GPU, ``iterations.boundary_gaps`` (the one-rank rule, 3 above)."""
     ends_by_rank = {}
     for k, r in zip(kernels, ranks):
         for ctype, sub in k.groupby("collective", observed=True):
             ends_by_rank[(r, str(ctype))] = np.sort(sub["end"].to_numpy())
     multi = len(kernels) > 1
     out = []
-    for k, r, its in zip(kernels, ranks, iterations):
+    gaps_of = boundary_gaps or [None] * len(kernels)
+    for k, r, its, gaps in zip(kernels, ranks, iterations, gaps_of):
         groups = layout.groups_of(r)
         group = np.full(len(k), "other", dtype=object)
         source = np.full(len(k), "no layout", dtype=object)
@@ -64,7 +82,7 @@ def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterat
         for key, idx in pd.Series(range(len(k))).groupby(keys.to_numpy()).groups.items():
             ctype = str(key).split("|")[-1]
             cands = _candidates(ctype, groups, layout)
-            g, src = _decide(k.iloc[idx], ctype, cands, groups, r, ends_by_rank, multi, k, layout)
+            g, src = _decide(k.iloc[idx], ctype, cands, groups, r, ends_by_rank, multi, k, layout, gaps)
             group[idx], source[idx] = g, src
         out.append((group, source, groups))
     return out
@@ -85,7 +103,23 @@ def _per_kernel(best: str, gaps: dict[str, np.ndarray]):
     return out
 
 
-def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, layout) -> tuple[str, str]:
+def _by_step_position(bucket, cands: list[str], gaps) -> tuple | None:
+    """The one-rank rule: per kernel, the first per-step candidate inside a step-boundary
+    stretch, the first per-layer one elsewhere; None where it does not apply."""
+    per_step = [g for g in cands if g in PER_STEP_GROUPS]
+    others = [g for g in cands if g not in PER_STEP_GROUPS]
+    if not (per_step and others and others[0] in PER_LAYER_GROUPS) or gaps is None or not len(gaps[0]):
+        return None
+    lo, hi = gaps
+    starts = bucket["start"].to_numpy()
+    i = np.searchsorted(lo, starts, side="right") - 1  # the stretch starting last at or before
+    inside = (i >= 0) & (starts < hi[np.maximum(i, 0)])
+    out = np.where(inside, per_step[0], others[0]).astype(object)
+    return (out if 0 < inside.sum() < len(out) else out[0],
+            f"one rank: {per_step[0]} in the optimizer phase, {others[0]} among the GEMMs (a guess)")
+
+
+def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, layout, gaps=None) -> tuple[str, str]:
     if cands is None:  # no (complete) layout
         if ctype in layout.per_layer and not layout.moe_router:
             # issued inside every layer of a dense model: TP's, not a per-step gradient reduction
@@ -102,6 +136,9 @@ def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, layo
         best = min(scores, key=scores.get)
         if np.isfinite(scores[best]):
             return _per_kernel(best, gaps), "cross-rank end times"
+    by_position = _by_step_position(bucket, cands, gaps)
+    if by_position is not None:
+        return by_position
     if ctype == "all_to_all":  # a single rank with both PP and EP: the busier stream is EP
         per_stream = all_k[all_k["collective"] == ctype].groupby("stream").size()
         busiest = per_stream.idxmax() if len(per_stream) else None

@@ -19,7 +19,7 @@ import pandas as pd
 from .. import intervals as iv
 from ..kernels import COLLECTIVE_TYPES, collective_name
 from ..timeline import GpuTimeline, comm_kernels
-from . import comm_groups, layout
+from . import comm_groups, iterations, layout
 from .gainmodel import Gain, gain, share_of
 from .job import Job, evidence_row, mean_per_step_ms
 from .pipeline_gains import PP_GAINS, pipelined
@@ -113,7 +113,10 @@ def grouped_kernels(job: Job) -> list[pd.DataFrame]:
     (``comm_groups``); sets ``job.comm_members`` (group -> member lists)."""
     kernels = [comm_kernels(r.gpu).reset_index(drop=True) for r in job.records]
     ranks = [r.gpu.rank for r in job.records]
-    assigned = comm_groups.assign(kernels, ranks, job.layout, [r.iterations for r in job.records])
+    gaps = [getattr(r.gpu, "boundary_gaps", None) for r in job.records]
+    assigned = comm_groups.assign(kernels, ranks, job.layout, [r.iterations for r in job.records],
+                                  [g if g is not None else iterations.boundary_gaps(r.gpu)
+                                   for g, r in zip(gaps, job.records)])
     out = []
     for k, (group, source, _) in zip(kernels, assigned):
         out.append(k.assign(group=group, group_source=source))

@@ -237,6 +237,30 @@ def _set_window(gpu: GpuTimeline, its: pd.DataFrame, source: str) -> None:
     gpu.window = (int(st["start"].min()), int(st["step_end"].max()))
 
 
+def boundary_gaps(gpu: GpuTimeline) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the GEMM-free stretch before each steady step boundary (the window's
+    end included): from the end of the last GEMM kernel started before the boundary, to the
+    boundary. Every forward and backward of every micro-batch runs GEMMs, so what runs here is
+    after the last backward: the gradient reduction Megatron issues once per step and the
+    optimizer step (comm_groups: the per-step groups on one rank). The stretch after the
+    boundary is left out: the next forward's embedding and first TP collectives run there,
+    before its first GEMM."""
+    o = gpu.ops
+    gemm = o[(o["op"] == "kernel") & o["is_gemm"].to_numpy(bool)]
+    if gemm.empty:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    bounds = np.r_[gpu.steady["start"].to_numpy(np.int64), np.int64(gpu.window[1])]
+    order = np.argsort(gemm["start"].to_numpy(), kind="stable")
+    starts = gemm["start"].to_numpy(np.int64)[order]
+    # the latest end among the GEMMs started before each boundary (ends are not sorted like starts)
+    ends_max = np.maximum.accumulate(gemm["end"].to_numpy(np.int64)[order])
+    before = np.searchsorted(starts, bounds)  # GEMMs started before each boundary
+    has = before > 0
+    last = ends_max[before[has] - 1]
+    keep = last < bounds[has]  # a GEMM running across the boundary: no stretch
+    return last[keep], bounds[has][keep]
+
+
 def step_info(gpu) -> dict:
     """What the job's consensus needs of one GPU (compact: it travels from the workers)."""
     st = gpu.steady
