@@ -250,10 +250,9 @@ def boundary_gaps(gpu: GpuTimeline) -> tuple[np.ndarray, np.ndarray]:
     if gemm.empty:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     bounds = np.r_[gpu.steady["start"].to_numpy(np.int64), np.int64(gpu.window[1])]
-    order = np.argsort(gemm["start"].to_numpy(), kind="stable")
-    starts = gemm["start"].to_numpy(np.int64)[order]
+    starts = gemm["start"].to_numpy(np.int64)  # ops are sorted by start (GpuTimeline)
     # the latest end among the GEMMs started before each boundary (ends are not sorted like starts)
-    ends_max = np.maximum.accumulate(gemm["end"].to_numpy(np.int64)[order])
+    ends_max = np.maximum.accumulate(gemm["end"].to_numpy(np.int64))
     before = np.searchsorted(starts, bounds)  # GEMMs started before each boundary
     has = before > 0
     last = ends_max[before[has] - 1]
