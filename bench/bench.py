@@ -25,10 +25,12 @@ diagnosis of the smallest fixture that diagnoses (``--format json``, as given an
 against ``nsys-ai diagnose`` on the same decompressed file. Cold means a new process and, for
 nsys-ai, a fresh copy of the file with a scratch HOME and working directory each run (no
 cache or index from an earlier run); Python's bytecode and the OS page cache are warm (one
-untimed run of each first). nsys-ai runs twice over: as installed, and with DuckDB's extension
+untimed run of each first). nsys-ai runs three ways: as installed; with DuckDB's extension
 auto-install off (a sitecustomize shim): offline, its cold run otherwise spends seconds failing
 to download DuckDB's ``sqlite_scanner`` before it falls back to sqlite3, and the shim measures
-that same fallback without the wait.
+that same fallback without the wait; and with ``sqlite_scanner`` already in its HOME (from the
+``duckdb-extension-sqlite-scanner`` wheel), its own path on a machine that has been online once:
+it then builds its DuckDB cache of the file.
 """
 from __future__ import annotations
 
@@ -200,6 +202,23 @@ def smallest_fixture(profclass: str) -> str | None:
     return None
 
 
+def install_sqlite_scanner(nsys_ai: str, home: str) -> str | None:
+    """Install DuckDB's sqlite_scanner, from the duckdb-extension-sqlite-scanner wheel in
+    nsys-ai's environment, into ``home`` (its ~/.duckdb, where a networked first run would
+    download it). None, or why it could not be installed (say a wheel of another DuckDB)."""
+    with open(nsys_ai, "rb") as fh:
+        first = fh.readline().decode(errors="replace").strip()
+    python = first[2:].strip() if first.startswith("#!") else sys.executable  # nsys-ai's interpreter
+    os.makedirs(home)
+    r = subprocess.run([python, "-c", "from duckdb_extensions import import_extension; "
+                        "import_extension('sqlite_scanner')"], env=dict(os.environ, HOME=home),
+                       capture_output=True, text=True)
+    if r.returncode:
+        return "not run: the extension did not install (" + \
+            ((r.stderr.strip().splitlines() or [f"rc {r.returncode}"])[-1][:120]) + ")"
+    return None
+
+
 def run_startup(runs: int, nsys_ai: str | None) -> list[str]:
     profclass = os.path.join(BIN, "profclass")
     rows: list[tuple[str, dict, str]] = []
@@ -222,14 +241,17 @@ def run_startup(runs: int, nsys_ai: str | None) -> list[str]:
         with open(os.path.join(shim, "sitecustomize.py"), "w") as fh:
             fh.write(NO_AUTOINSTALL_SHIM)
 
-        def nsys_ai_cmd(with_shim):
+        def nsys_ai_cmd(mode):
             def make(i):
-                run_dir = os.path.join(tmp, f"{'shim' if with_shim else 'plain'}-{i}")
-                os.makedirs(run_dir)
+                run_dir = os.path.join(tmp, f"{mode}-{i}")
+                if mode == "extension":  # a HOME holding the installed extension and nothing else
+                    shutil.copytree(ext_home, run_dir)
+                else:
+                    os.makedirs(run_dir)
                 copy = os.path.join(run_dir, os.path.basename(plain))
                 shutil.copyfile(plain, copy)  # cold: no indexes, no cache from an earlier run
                 env = dict(os.environ, HOME=run_dir)
-                if with_shim:
+                if mode == "shim":
                     env["PYTHONPATH"] = shim
                 return [nsys_ai, "diagnose", copy, "--format", "json", "-o", os.path.join(run_dir, "f.json")], env, run_dir
             return make
@@ -241,10 +263,19 @@ def run_startup(runs: int, nsys_ai: str | None) -> list[str]:
                   "the file nsys-ai gets")]
         have_nsys_ai = bool(nsys_ai and os.path.exists(nsys_ai))
         if have_nsys_ai:
-            cases += [("nsys-ai diagnose, as installed", nsys_ai_cmd(False), "cold; offline it first tries to "
+            cases += [("nsys-ai diagnose, as installed", nsys_ai_cmd("plain"), "cold; offline it first tries to "
                        "download DuckDB's sqlite_scanner, then falls back to sqlite3"),
-                      ("nsys-ai diagnose, DuckDB auto-install off", nsys_ai_cmd(True), "cold; the same sqlite3 "
+                      ("nsys-ai diagnose, DuckDB auto-install off", nsys_ai_cmd("shim"), "cold; the same sqlite3 "
                        "fallback without the download wait")]
+            ext_home = os.path.join(tmp, "extension-home")
+            problem = install_sqlite_scanner(nsys_ai, ext_home)
+            if problem is None:
+                cases.append(("nsys-ai diagnose, sqlite_scanner installed", nsys_ai_cmd("extension"),
+                              "cold; its own path on a machine that has downloaded the extension once "
+                              "(here from the duckdb-extension-sqlite-scanner wheel): it builds its DuckDB "
+                              "cache of the file"))
+            else:
+                rows.append(("nsys-ai diagnose, sqlite_scanner installed", dict(rss_mib=None), problem))
         measured = median_runs(runs, [make for _, make, _ in cases])
         pc = measured[1]
         for (label, _, note), r in zip(cases, measured):
