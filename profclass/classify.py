@@ -41,6 +41,9 @@ SHARE_NOISE = 0.05
 # may differ from the median before it counts as warm-up (iterations.WARMUP_FACTOR - 1)
 UNMEASURED_SPREAD = 0.25
 WHOLE_CAPTURE_CAP = 0.5  # a whole-capture window is not shown to be the steady state
+# a verdict that holds if a lone rank's collective time is transfer and not if part of it is
+# waiting for ranks outside the profile: nothing in the profile weighs the two readings
+UNSEEN_PEERS_CAP = 0.5
 
 
 def load_thresholds() -> dict[str, float]:
@@ -127,6 +130,19 @@ def gpu_step_walls(per_gpu_ns: list[dict[str, int]], iterations: list[int], expo
             w[target] += moved
         per_step.append(w)
     return per_step
+
+
+def unseen_peers_reading(per_step: list[dict[str, float]], iterations: list[int], unseen_wait_ns: list[int],
+                         thresholds: dict[str, float]) -> Verdict | None:
+    """The verdict with each GPU's waiting for ranks not in the profile (estimated,
+    ``communication._lone_waits``) taken out of its communication and its step; None when
+    there is no such waiting."""
+    per_gpu = [u / max(i, 1) for u, i in zip(unseen_wait_ns, iterations)]
+    if not any(per_gpu):
+        return None
+    walls = job_walls([dict(w, communication=max(w["communication"] - u, 0.0)) for w, u in zip(per_step, per_gpu)])
+    step = sum(walls.values())
+    return decide({w: v / step if step else 0.0 for w, v in walls.items()}, thresholds)
 
 
 def job_walls(per_step: list[dict[str, float]]) -> dict[str, float]:

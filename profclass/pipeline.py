@@ -201,7 +201,7 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
         window=iterations.window_section(job), devices=_devices(job), stragglers=job.stragglers,
         collectives=job.comm.collectives, fixes=chosen, evidence=analyzers.job_evidence(job, numbers),
         missing=(sorted({m for p in profiles for m in p.missing}) + iterations.missing(job)
-                 + layout.missing(job) + profiler.missing(job, numbers)), config=cfg,
+                 + layout.missing(job) + communication.missing(job) + profiler.missing(job, numbers)), config=cfg,
         pitfalls=_pitfalls(job, flags, env_all, numbers, facts), memory=memory.section(job, numbers),
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
@@ -266,6 +266,13 @@ def _classify(job: Job, blamed: list[dict]) -> tuple[classify.Verdict, dict[str,
     verdict.confidence, verdict.confidence_basis = classify.confidence(
         verdict.wall, shares, thresholds, gpu_shares, [r.analysis.window.step_ns for r in job.records],
         iterations.window_source(job) == "whole", floor=floor)
+    # (a memory-bound verdict stands: taking waiting out of the step only raises the recompute's share)
+    unseen = classify.unseen_peers_reading(step_walls, its, job.comm.unseen_exposed_wait_ns, thresholds) \
+        if job.comm and not straggler_wall and not memory_bound else None
+    if unseen is not None and unseen.wall != verdict.wall:
+        # one rank of a bigger job: its collective time is transfer or waiting for unseen peers
+        verdict.confidence = min(verdict.confidence, classify.UNSEEN_PEERS_CAP)
+        verdict.runner_up = job.unseen_reading = unseen.wall
     return verdict, shares
 
 

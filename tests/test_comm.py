@@ -177,3 +177,21 @@ def test_per_rank_without_session_start_still_aligns_on_collectives(tmp_path):
     d = profclass.diagnose(str(directory))
     assert d.clock == {"aligned_sources": 2, "residual_skew_ns": {1: 0, 2: 0}}
     check_imbalanced_job(d, hot_rank=0)
+
+
+def test_lone_waits_take_the_low_end_of_each_size_class_as_transfer():
+    """A lone rank of a 2-rank group: in each (stream, name, grid, block) class the 1/4
+    quantile of the kernel times is the transfer and the rest of each kernel is waiting;
+    a class of other messages (another channel count) keeps its own transfer."""
+    import numpy as np
+    import pandas as pd
+
+    from profclass.analyzers.communication import _lone_waits
+    small = [100, 100, 100, 100, 500, 900, 1300, 1700]  # 1/4 quantile: 100
+    big = [10_000, 10_000, 10_000, 10_000]  # one size, never waited: all transfer
+    d = small + big
+    sub = pd.DataFrame({"start": np.zeros(len(d), np.int64), "end": np.array(d, np.int64),
+                        "stream": 7, "name": "ncclDevKernel_SendRecv",
+                        "grid": [4] * len(small) + [32] * len(big), "block": 640})
+    wait = _lone_waits(sub, 2)
+    assert wait.tolist() == [0, 0, 0, 0, 400, 800, 1200, 1600, 0, 0, 0, 0]

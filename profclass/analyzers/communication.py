@@ -53,6 +53,9 @@ class CommAnalysis:
     # per GPU: (end, exposed transfer ns) of each EP and DP collective in its window, the
     # traffic a faster fabric speeds up (``fabric_bankable``)
     fabric_transfers: list = field(default_factory=list)
+    # per GPU: of its exposed waiting, ns estimated for collectives whose peers are not in the
+    # profile (``_lone_waits``): waiting for ranks nobody saw, for reasons nobody measured
+    unseen_exposed_wait_ns: list = field(default_factory=list)
 
 
 @dataclass
@@ -137,6 +140,7 @@ def analyse_ranks(job: Job) -> CommAnalysis:
     ctx = (gpus, [g.compute for g in gpus], [r.iterations for r in job.records], ranks)
     rows, matched, imbalance = [], 0, 0.0
     fabric = [[] for _ in gpus]
+    unseen = [0] * len(gpus)
     # the distinct (collective, group) pairs of each GPU first: a few, not one per kernel
     pairs = sorted({(str(c), str(g)) for k in kernels
                     for c, g in k[["collective", "group"]].drop_duplicates().itertuples(index=False, name=None)})
@@ -147,14 +151,30 @@ def analyse_ranks(job: Job) -> CommAnalysis:
             S, E = _match([(subs[j]["start"].to_numpy(), subs[j]["end"].to_numpy()) for j in members]) \
                 if len(members) > 1 else _unmatched(subs[members[0]])
             matched += len(S) if len(members) > 1 else 0
-            _add_instances(row, ctype, S, E, members, ctx,
-                           fabric if _over_fabric(group, ctype) else None)
+            peers = _unseen_peers(job, members, group, ctype)
+            _add_instances(row, ctype, S, E, members, ctx, fabric if _over_fabric(group, ctype) else None,
+                           *((_lone_waits(subs[members[0]], peers + 1), unseen) if peers else ()))
             if group == "EP" and ctype in EP_COLLECTIVES:
                 imbalance += work_imbalance_ms(S, E, members, ctx) * len(members) / len(gpus)
         rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
     return CommAnalysis(ranks, rows, matched, imbalance,
                         [(np.concatenate([e for e, _ in f]), np.concatenate([t for _, t in f])) if f
-                         else (np.zeros(0, np.int64), np.zeros(0, np.int64)) for f in fabric])
+                         else (np.zeros(0, np.int64), np.zeros(0, np.int64)) for f in fabric], unseen)
+
+
+def missing(job: Job) -> list[str]:
+    """The waiting a lone rank's collectives hold for ranks outside the profile (estimated)."""
+    if not job.comm or not any(job.comm.unseen_exposed_wait_ns):
+        return []
+    per_step = float(np.mean([u / max(r.iterations, 1) for u, r in
+                              zip(job.comm.unseen_exposed_wait_ns, job.records)])) / 1e6
+    share = per_step / job.step_ms if job.step_ms else 0.0
+    out = (f"ranks outside the profile: {per_step:.1f} ms/step ({100 * share:.0f}% of the step) of exposed "
+           "collective time is taken as waiting for them, estimated from this rank's own kernel times "
+           "(docs/comm.md); what made them late is not in this capture")
+    if job.unseen_reading:
+        out += f"; without that waiting the verdict would be {job.unseen_reading} (confidence at most 0.5)"
+    return [out]
 
 
 def _over_fabric(group: str, ctype: str) -> bool:
@@ -199,8 +219,42 @@ def _instances(group: str, ctype: str, job: Job, n: int) -> list[list[int]]:
 
 
 def _unmatched(sub: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """One rank's kernels as a one-member match (no peer to wait for: all transfer)."""
+    """One rank's kernels as a one-member match (its waiting, if any, from ``_lone_waits``)."""
     return sub["start"].to_numpy()[:, None], sub["end"].to_numpy()[:, None]
+
+
+def _unseen_peers(job: Job, members: list[int], group: str, ctype: str) -> int:
+    """How many members of a one-member instance's group the profile lacks (0: none, or PP
+    send/recv, whose waiting is the pipeline bubble). A group of unknown members in a job
+    bigger than the profile counts as the smallest group, two ranks (the least waiting)."""
+    if len(members) != 1 or (group == "PP" and ctype == "all_to_all"):
+        return 0
+    known = job.members[members[0]].get(group) if job.members else None
+    if known:
+        return max(len(known) - 1, 0)
+    world = job.layout.world if job.layout is not None else None
+    return 1 if world and world > len(job.records) else 0
+
+
+def _lone_waits(sub: pd.DataFrame, size: int) -> np.ndarray:
+    """Per kernel of a rank whose group peers are not in the profile, the part of its time
+    taken as waiting for them.
+
+    Of ``size`` members, the rank arrives last (and waits for nobody) in about 1/size of the
+    instances; the middle of those, the 1/(2 size) quantile of the kernel times, is taken as
+    the transfer and the rest of each kernel as waiting. The quantile is taken per size
+    class: NCCL picks the kernel (protocol) and the channel count (grid) from the message
+    size, so one (stream, name, grid, block) holds messages of one size. Where NCCL runs
+    every message on the same few channels (a slow path), small and large messages share a
+    class and the transfer is underestimated (docs/comm.md)."""
+    d = (sub["end"] - sub["start"]).to_numpy(np.int64)
+    wait = np.zeros(len(d), np.int64)
+    keys = [sub[c].to_numpy() for c in ("stream", "name", "grid", "block") if c in sub]
+    for idx in (pd.Series(np.arange(len(d))).groupby(keys).indices.values() if keys and len(d)
+                else [np.arange(len(d))]):
+        q = np.quantile(d[idx], 1.0 / (2 * size))
+        wait[idx] = d[idx] - np.minimum(d[idx], int(q))
+    return wait
 
 
 def _new_row(ctype: str, group: str, subs: list[pd.DataFrame], members: list[dict]) -> dict:
@@ -212,15 +266,18 @@ def _new_row(ctype: str, group: str, subs: list[pd.DataFrame], members: list[dic
                 exposed_wait_ms_per_step=0.0, overlapped_ms_per_step=0.0)
 
 
-def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx, fabric: list | None = None) -> None:
+def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx, fabric: list | None = None,
+                   wait: np.ndarray | None = None, unseen: list | None = None) -> None:
     """One group instance's matched collectives: their ms per step (a mean over all GPUs of
     the job) into ``row``, wait/transfer/blame into each member's ``RankComm``; with
-    ``fabric``, each member's (ends, exposed transfer) appended to its list there."""
+    ``fabric``, each member's (ends, exposed transfer) appended to its list there. ``wait``
+    and ``unseen``: a lone member's estimated waiting per kernel (``_lone_waits``) instead of
+    the measured, and the per-GPU list its exposed part is added to."""
     gpus, compute_sets, iterations, ranks = ctx
     if S.size == 0:
         return
     last = S.max(axis=1)
-    wait = np.clip(np.minimum(last[:, None], E) - S, 0, None)
+    wait = wait[:, None] if unseen is not None else np.clip(np.minimum(last[:, None], E) - S, 0, None)
     blame_each = last - np.median(S, axis=1)
     who = S.argmax(axis=1)
     n = len(gpus)
@@ -242,6 +299,8 @@ def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx, fabric:
         rc.wait_ns += int(w.sum())
         rc.transfer_ns += int(t.sum())
         rc.exposed_wait_ns += exposed_wait
+        if unseen is not None:
+            unseen[j] += exposed_wait
         rc.exposed_transfer_ns += exposed_transfer
         prev = rc.by_type.get(ctype, dict(wait_ns=0, transfer_ns=0, exposed_wait_ns=0, exposed_transfer_ns=0))
         rc.by_type[ctype] = dict(wait_ns=prev["wait_ns"] + int(w.sum()), transfer_ns=prev["transfer_ns"] + int(t.sum()),

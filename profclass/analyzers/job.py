@@ -39,6 +39,8 @@ class Job:
     members: list = field(default_factory=list)  # per GPU: group -> member ranks (comm_groups)
     comm_kernels: list = field(default_factory=list)  # per GPU: its NCCL kernels with their group
     pipeline: Any = None  # pipeline_bubbles.PipelineResult
+    # the verdict without the estimated waiting for ranks outside the profile, where it differs
+    unseen_reading: str | None = None
 
     @property
     def step_ms(self) -> float:
