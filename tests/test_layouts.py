@@ -412,3 +412,14 @@ def test_one_rank_keeps_the_transfer_it_measures(name, tmp_path, diagnosis):
         truth = rows(whole, c["collective"], c["group"])
         if c["group"] in ("EP", "DP") and truth and truth[0]["transfer_ms_per_step"] >= 1.0:
             assert c["transfer_ms_per_step"] == pytest.approx(truth[0]["transfer_ms_per_step"], rel=0.1)
+
+
+@pytest.mark.parametrize("name", ["mcore_pp2_ep2_m4", "mcore_pp2_ep2_vpp2_m4"])
+def test_ep_gains_price_ep_transfer_not_pp_send_recv(name, diagnosis):
+    """PP send/recv and the EP all-to-all are both NCCL SendRecv: the exposed EP transfer the
+    EP fixes are priced from is the EP row's (3.1 ms/step here), not the type's share with PP's
+    send/recv folded in (it was 20.4 and 21.4, which offered EP overlap at that gain)."""
+    d = diagnosis(name)
+    ep = rows(d, "all_to_all", "EP")[0]
+    assert d.numbers["exposed_ep_ms"] == pytest.approx(ep["exposed_transfer_ms_per_step"], rel=0.01)
+    assert d.numbers["ep_wait_ms"] == pytest.approx(ep["exposed_wait_ms_per_step"], rel=0.01)

@@ -421,11 +421,15 @@ def numbers(job: Job) -> dict:
     flags = job.cfg.get("command_line_flags", {}).get("value", {})
     layers = next((int(flags[f]) for f in ("--num-layers", "--layers") if str(flags.get(f, "")).isdigit()), None)
     ep_share = group_share(job, ("EP",), EP_COLLECTIVES)
-    exposed_ep = exposed_ms(job, EP_COLLECTIVES, True) * ep_share
+    exposed_a2a = exposed_ms(job, EP_COLLECTIVES, False)
+    # PP send/recv is an all-to-all type too, with no waiting of its own (never matched): the
+    # EP share of the exposed time, less all of the type's waiting (EP's), is EP's transfer
+    exposed_ep = (exposed_ms(job, EP_COLLECTIVES, True) if ep_share == 1.0 else
+                  max(exposed_a2a * ep_share - (exposed_a2a - exposed_ms(job, EP_COLLECTIVES, True)), 0.0))
     return dict(comm_wait_ms=comm_wait_ms,
                 exposed_ep_ms=exposed_ep,
                 # the ranks' wait for their EP peers inside the dispatcher's collectives
-                ep_wait_ms=max(exposed_ms(job, EP_COLLECTIVES, False) * ep_share - exposed_ep, 0.0),
+                ep_wait_ms=max(exposed_a2a * ep_share - exposed_ep, 0.0),
                 ep_work_imbalance_ms=job.comm.ep_work_imbalance_ms,
                 exposed_dp_ms=exposed_ms(job, DP_COLLECTIVES, False) * dp_share,
                 exposed_dp_transfer_ms=exposed_ms(job, DP_COLLECTIVES, True) * dp_share,
