@@ -270,15 +270,22 @@ def _split_by_process(src, out_dir):
     for rank, pid in enumerate(pids):
         dst = ranks / f"rank{rank}.sqlite"
         shutil.copyfile(whole, dst)
-        con = sqlite3.connect(dst)
-        for t in tables:
-            cols = {c[1] for c in con.execute(f'PRAGMA table_info("{t}")')}
-            for col in ("globalPid", "globalTid"):
-                if col in cols:
-                    con.execute(f'DELETE FROM "{t}" WHERE ({col} >> 24) & 16777215 != ?', (pid,))
-        con.commit()
-        con.close()
+        _keep_only_process(dst, pid, tables)
     return ranks
+
+
+def _keep_only_process(path, pid: int, tables: list[str]) -> None:
+    """Delete every row of ``tables`` that belongs to another process than ``pid``."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    for t in tables:
+        cols = {c[1] for c in con.execute(f'PRAGMA table_info("{t}")')}
+        for col in ("globalPid", "globalTid"):
+            if col in cols:
+                con.execute(f'DELETE FROM "{t}" WHERE ({col} >> 24) & 16777215 != ?', (pid,))
+    con.commit()
+    con.close()
 
 
 def test_per_rank_reports_of_tp_x_pp_keep_one_clock(tmp_path, diagnosis, monkeypatch):
@@ -338,13 +345,9 @@ def _one_process(src, out_dir):
     con = sqlite3.connect(path)
     pid = con.execute("SELECT (globalPid >> 24) & 16777215 FROM CUPTI_ACTIVITY_KIND_KERNEL "
                       "ORDER BY deviceId LIMIT 1").fetchone()[0]
-    for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
-        cols = {c[1] for c in con.execute(f'PRAGMA table_info("{t}")')}
-        for col in ("globalPid", "globalTid"):
-            if col in cols:
-                con.execute(f'DELETE FROM "{t}" WHERE ({col} >> 24) & 16777215 != ?', (pid,))
-    con.commit()
+    tables = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
     con.close()
+    _keep_only_process(path, pid, tables)
     return path
 
 
