@@ -151,9 +151,10 @@ def analyse_ranks(job: Job) -> CommAnalysis:
             S, E = _match([(subs[j]["start"].to_numpy(), subs[j]["end"].to_numpy()) for j in members]) \
                 if len(members) > 1 else _unmatched(subs[members[0]])
             matched += len(S) if len(members) > 1 else 0
-            peers = _unseen_peers(job, members, group, ctype)
+            absent = _unseen_peers(job, members, group, ctype)
             _add_instances(row, ctype, S, E, members, ctx, fabric if _over_fabric(group, ctype) else None,
-                           *((_lone_waits(subs[members[0]], peers + 1), unseen) if peers else ()))
+                           *((_waits_with_unseen(S, E, [subs[j] for j in members], absent), unseen)
+                             if absent else ()))
             if group == "EP" and ctype in EP_COLLECTIVES:
                 imbalance += work_imbalance_ms(S, E, members, ctx) * len(members) / len(gpus)
         rows.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
@@ -170,7 +171,7 @@ def missing(job: Job) -> list[str]:
                               zip(job.comm.unseen_exposed_wait_ns, job.records)])) / 1e6
     share = per_step / job.step_ms if job.step_ms else 0.0
     out = (f"ranks outside the profile: {per_step:.1f} ms/step ({100 * share:.0f}% of the step) of exposed "
-           "collective time is taken as waiting for them, estimated from this rank's own kernel times "
+           "collective time is taken as waiting for them, estimated from the profiled ranks' own kernel times "
            "(docs/comm.md); what made them late is not in this capture")
     if job.unseen_reading:
         out += f"; without that waiting the verdict would be {job.unseen_reading} (confidence at most 0.5)"
@@ -224,16 +225,37 @@ def _unmatched(sub: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _unseen_peers(job: Job, members: list[int], group: str, ctype: str) -> int:
-    """How many members of a one-member instance's group the profile lacks (0: none, or PP
-    send/recv, whose waiting is the pipeline bubble). A group of unknown members in a job
-    bigger than the profile counts as the smallest group, two ranks (the least waiting)."""
-    if len(members) != 1 or (group == "PP" and ctype == "all_to_all"):
+    """How many members of an instance's group the profile lacks (0: none, or PP send/recv,
+    whose waiting is the pipeline bubble). A group of unknown members in a job bigger than
+    the profile is taken to lack one rank (the least waiting)."""
+    if group == "PP" and ctype == "all_to_all":
         return 0
     known = job.members[members[0]].get(group) if job.members else None
     if known:
-        return max(len(known) - 1, 0)
+        return max(len(known) - len(members), 0)
     world = job.layout.world if job.layout is not None else None
     return 1 if world and world > len(job.records) else 0
+
+
+def _waits_with_unseen(S: np.ndarray, E: np.ndarray, subs: list[pd.DataFrame], absent: int) -> np.ndarray:
+    """Waiting [instance, member] of an instance whose group has ``absent`` members outside
+    the profile: the measured waiting for the members present, plus, of the rest of each
+    kernel (after the last present member arrived), what ``_lone_waits`` takes as waiting
+    for the absent ones (the present members arrive as one, so 1 + ``absent`` arrivals)."""
+    measured = np.clip(np.minimum(S.max(axis=1)[:, None], E) - S, 0, None)
+    if S.shape[1] == 1:
+        return _lone_waits(subs[0], absent + 1)[:, None]
+    # the k-th instance moves the same message on every member: the shortest sequence's rows
+    # (one per matched instance, _match) give its size class
+    ref = subs[int(np.argmin([len(x) for x in subs]))]
+    out = measured.copy()
+    for c in range(S.shape[1]):
+        after = pd.DataFrame({"start": S[:, c] + measured[:, c], "end": E[:, c]})
+        for col in ("stream", "name", "grid", "block"):
+            if col in ref:
+                after[col] = ref[col].to_numpy()[:len(after)]
+        out[:, c] += _lone_waits(after, absent + 1)
+    return out
 
 
 def _lone_waits(sub: pd.DataFrame, size: int) -> np.ndarray:
@@ -271,13 +293,14 @@ def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx, fabric:
     """One group instance's matched collectives: their ms per step (a mean over all GPUs of
     the job) into ``row``, wait/transfer/blame into each member's ``RankComm``; with
     ``fabric``, each member's (ends, exposed transfer) appended to its list there. ``wait``
-    and ``unseen``: a lone member's estimated waiting per kernel (``_lone_waits``) instead of
-    the measured, and the per-GPU list its exposed part is added to."""
+    and ``unseen``: the waiting [instance, member] with the part for members outside the
+    profile estimated (``_waits_with_unseen``), and the per-GPU list its exposed part is
+    added to."""
     gpus, compute_sets, iterations, ranks = ctx
     if S.size == 0:
         return
     last = S.max(axis=1)
-    wait = wait[:, None] if unseen is not None else np.clip(np.minimum(last[:, None], E) - S, 0, None)
+    wait = wait if unseen is not None else np.clip(np.minimum(last[:, None], E) - S, 0, None)
     blame_each = last - np.median(S, axis=1)
     who = S.argmax(axis=1)
     n = len(gpus)
