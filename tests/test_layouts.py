@@ -441,3 +441,20 @@ def test_two_of_four_rank_reports_estimate_the_waiting_for_the_other_two(name):
     ep = rows(two, "all_to_all", "EP")[0]
     assert ep["transfer_ms_per_step"] == pytest.approx(whole["transfer_ms_per_step"], rel=0.25)
     assert any(m.startswith("ranks outside the profile") for m in two.missing)
+
+
+def test_ranks_whose_peers_show_no_such_collective_fall_back_to_the_step_position():
+    """Several ranks, but none of this collective's candidate peers ran one (every end-time
+    score infinite): the one-rank rule decides, from the GEMM-free stretches before the step
+    boundaries (a kernel at 150 in the stretch 100-200 is DP's, one at 300 TP's)."""
+    import numpy as np
+    import pandas as pd
+
+    from profclass.analyzers import comm_groups
+    bucket = pd.DataFrame({"start": [150, 300], "end": [160, 310]})
+    groups = {"TP": [0, 1], "DP": [0, 2]}
+    ends = {(0, "all_reduce"): np.array([160, 310])}  # ranks 1 and 2 ran no all-reduce
+    stretches = (np.array([100]), np.array([200]))
+    group, source = comm_groups._decide(bucket, "all_reduce", ["TP", "DP"], groups, 0, ends, True, bucket,
+                                        Layout(), stretches)
+    assert list(group) == ["DP", "TP"] and source.startswith("one rank")

@@ -72,8 +72,8 @@ def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterat
             ends_by_rank[(r, str(ctype))] = np.sort(sub["end"].to_numpy())
     multi = len(kernels) > 1
     out = []
-    gaps_of = boundary_gaps or [None] * len(kernels)
-    for k, r, its, gaps in zip(kernels, ranks, iterations, gaps_of):
+    stretches_of = boundary_gaps or [None] * len(kernels)
+    for k, r, its, stretches in zip(kernels, ranks, iterations, stretches_of):
         groups = layout.groups_of(r)
         group = np.full(len(k), "other", dtype=object)
         source = np.full(len(k), "no layout", dtype=object)
@@ -82,7 +82,7 @@ def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterat
         for key, idx in pd.Series(range(len(k))).groupby(keys.to_numpy()).groups.items():
             ctype = str(key).split("|")[-1]
             cands = _candidates(ctype, groups, layout)
-            g, src = _decide(k.iloc[idx], ctype, cands, groups, r, ends_by_rank, multi, k, layout, gaps)
+            g, src = _decide(k.iloc[idx], ctype, cands, groups, r, ends_by_rank, multi, k, layout, stretches)
             group[idx], source[idx] = g, src
         out.append((group, source, groups))
     return out
@@ -103,14 +103,14 @@ def _per_kernel(best: str, gaps: dict[str, np.ndarray]):
     return out
 
 
-def _by_step_position(bucket, cands: list[str], gaps) -> tuple | None:
+def _by_step_position(bucket, cands: list[str], stretches) -> tuple | None:
     """The one-rank rule: per kernel, the first per-step candidate inside a step-boundary
     stretch, the first per-layer one elsewhere; None where it does not apply."""
     per_step = [g for g in cands if g in PER_STEP_GROUPS]
     others = [g for g in cands if g not in PER_STEP_GROUPS]
-    if not (per_step and others and others[0] in PER_LAYER_GROUPS) or gaps is None or not len(gaps[0]):
+    if not (per_step and others and others[0] in PER_LAYER_GROUPS) or stretches is None or not len(stretches[0]):
         return None
-    lo, hi = gaps
+    lo, hi = stretches
     starts = bucket["start"].to_numpy()
     i = np.searchsorted(lo, starts, side="right") - 1  # the stretch starting last at or before
     inside = (i >= 0) & (starts < hi[np.maximum(i, 0)])
@@ -119,7 +119,8 @@ def _by_step_position(bucket, cands: list[str], gaps) -> tuple | None:
             f"one rank: {per_step[0]} in the optimizer phase, {others[0]} among the GEMMs (a guess)")
 
 
-def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, layout, gaps=None) -> tuple[str, str]:
+def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, layout,
+            stretches=None) -> tuple[str, str]:
     if cands is None:  # no (complete) layout
         if ctype in layout.per_layer and not layout.moe_router:
             # issued inside every layer of a dense model: TP's, not a per-step gradient reduction
@@ -136,7 +137,7 @@ def _decide(bucket, ctype, cands, groups, rank, ends_by_rank, multi, all_k, layo
         best = min(scores, key=scores.get)
         if np.isfinite(scores[best]):
             return _per_kernel(best, gaps), "cross-rank end times"
-    by_position = _by_step_position(bucket, cands, gaps)
+    by_position = _by_step_position(bucket, cands, stretches)
     if by_position is not None:
         return by_position
     if ctype == "all_to_all":  # a single rank with both PP and EP: the busier stream is EP
