@@ -80,7 +80,7 @@ class GpuSummary:
     kernels_total: int = 0  # kernels in the whole capture (layout_infer: one program or two)
     # (starts, ends) of the host's waits for this GPU in the window (idle.host_waits)
     host_waits: tuple = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
-    # (starts, ends) of the GEMM-free stretches around its step boundaries (iterations.boundary_gaps)
+    # (starts, ends) of the GEMM-free stretches before its step boundaries (iterations.boundary_gaps)
     boundary_gaps: tuple = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     step: dict = field(default_factory=dict)  # iterations.step_info, found on this GPU alone
     shift_ns: int = 0  # total clock shift applied (own clock = shared clock - shift_ns)

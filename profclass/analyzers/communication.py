@@ -116,10 +116,10 @@ def grouped_kernels(job: Job) -> list[pd.DataFrame]:
     (``comm_groups``); sets ``job.comm_members`` (group -> member lists)."""
     kernels = [comm_kernels(r.gpu).reset_index(drop=True) for r in job.records]
     ranks = [r.gpu.rank for r in job.records]
-    gaps = [getattr(r.gpu, "boundary_gaps", None) for r in job.records]
-    assigned = comm_groups.assign(kernels, ranks, job.layout, [r.iterations for r in job.records],
-                                  [g if g is not None else iterations.boundary_gaps(r.gpu)
-                                   for g, r in zip(gaps, job.records)])
+    # a GpuSummary carries its stretches; a whole GpuTimeline (keep_timelines, tests) has them found
+    stretches = [r.gpu.boundary_gaps if hasattr(r.gpu, "boundary_gaps") else iterations.boundary_gaps(r.gpu)
+                 for r in job.records]
+    assigned = comm_groups.assign(kernels, ranks, job.layout, [r.iterations for r in job.records], stretches)
     out = []
     for k, (group, source, _) in zip(kernels, assigned):
         out.append(k.assign(group=group, group_source=source))
@@ -242,9 +242,9 @@ def _waits_with_unseen(S: np.ndarray, E: np.ndarray, subs: list[pd.DataFrame], a
     the profile: the measured waiting for the members present, plus, of the rest of each
     kernel (after the last present member arrived), what ``_lone_waits`` takes as waiting
     for the absent ones (the present members arrive as one, so 1 + ``absent`` arrivals)."""
-    measured = np.clip(np.minimum(S.max(axis=1)[:, None], E) - S, 0, None)
     if S.shape[1] == 1:
         return _lone_waits(subs[0], absent + 1)[:, None]
+    measured = _measured_waits(S, E)
     # the k-th instance moves the same message on every member: the shortest sequence's rows
     # (one per matched instance, _match) give its size class
     ref = subs[int(np.argmin([len(x) for x in subs]))]
@@ -256,6 +256,11 @@ def _waits_with_unseen(S: np.ndarray, E: np.ndarray, subs: list[pd.DataFrame], a
                 after[col] = ref[col].to_numpy()[:len(after)]
         out[:, c] += _lone_waits(after, absent + 1)
     return out
+
+
+def _measured_waits(S: np.ndarray, E: np.ndarray) -> np.ndarray:
+    """Waiting [instance, member] for the last member present to arrive (``wait_r``, docs/comm.md)."""
+    return np.clip(np.minimum(S.max(axis=1)[:, None], E) - S, 0, None)
 
 
 def _lone_waits(sub: pd.DataFrame, size: int) -> np.ndarray:
@@ -300,7 +305,7 @@ def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx, fabric:
     if S.size == 0:
         return
     last = S.max(axis=1)
-    wait = wait if unseen is not None else np.clip(np.minimum(last[:, None], E) - S, 0, None)
+    wait = wait if unseen is not None else _measured_waits(S, E)
     blame_each = last - np.median(S, axis=1)
     who = S.argmax(axis=1)
     n = len(gpus)
@@ -444,11 +449,11 @@ def numbers(job: Job) -> dict:
     flags = job.cfg.get("command_line_flags", {}).get("value", {})
     layers = next((int(flags[f]) for f in ("--num-layers", "--layers") if str(flags.get(f, "")).isdigit()), None)
     ep_share = group_share(job, ("EP",), EP_COLLECTIVES)
-    exposed_a2a = exposed_ms(job, EP_COLLECTIVES, False)
+    exposed_a2a, exposed_a2a_transfer = exposed_ms(job, EP_COLLECTIVES, False), exposed_ms(job, EP_COLLECTIVES, True)
     # PP send/recv is an all-to-all type too, with no waiting of its own (never matched): the
     # EP share of the exposed time, less all of the type's waiting (EP's), is EP's transfer
-    exposed_ep = (exposed_ms(job, EP_COLLECTIVES, True) if ep_share == 1.0 else
-                  max(exposed_a2a * ep_share - (exposed_a2a - exposed_ms(job, EP_COLLECTIVES, True)), 0.0))
+    exposed_ep = (exposed_a2a_transfer if ep_share == 1.0 else
+                  max(exposed_a2a * ep_share - (exposed_a2a - exposed_a2a_transfer), 0.0))
     return dict(comm_wait_ms=comm_wait_ms,
                 exposed_ep_ms=exposed_ep,
                 # the ranks' wait for their EP peers inside the dispatcher's collectives

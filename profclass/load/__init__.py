@@ -348,9 +348,9 @@ def _read_process(path, con, schema, strings, api_names, pid, missing, calls=Non
 
 # the API calls are read in one pass (and split by process in memory; in the pass-per-process
 # way, those of every process but the first) where the table has at most this many rows, of
-# which the loader keeps ~30% (launch, allocator and sync calls): two scans of the table instead of one per process (1 GB 4-GPU
-# export, 13.5M rows: wall 7.7-7.9 -> 7.2-7.3 s, peak RSS +240 MiB); above it (4 GB: 54M
-# rows), one pass per process keeps memory bounded
+# which the loader keeps ~30% (launch, allocator and sync calls): two scans of the table
+# instead of one per process (1 GB 4-GPU export, 13.5M rows: wall 7.7-7.9 -> 7.2-7.3 s, peak
+# RSS +240 MiB); above it (4 GB: 54M rows), one pass per process keeps memory bounded
 ONE_PASS_API_ROWS = 16_000_000
 
 
