@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from . import __version__
 from .errors import ProfileError
 
 EXIT_BAD_INPUT = 2
@@ -53,6 +54,16 @@ def check_output(path: str | None) -> None:
         _fail(ProfileError(path, "cannot write output (permission denied)"))
 
 
+def _check_inputs(profiles) -> None:
+    """Refuse a missing, empty or non-SQLite input before importing the pipeline (pandas and
+    the rest take most of a second): the same one line and exit 2 the pipeline would give."""
+    from .inputs import check
+    try:
+        check(list(profiles))
+    except ProfileError as exc:
+        _fail(exc)
+
+
 def one_heap() -> None:
     """This process allocates from one glibc malloc arena (``M_ARENA_MAX`` = 1), unless the
     user set ``MALLOC_ARENA_MAX``. The loader reads in threads; with an arena per thread, what
@@ -79,7 +90,7 @@ def _walls(ctx, param, value):
 
 
 @click.group(cls=_Guarded, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="profclass")
+@click.version_option(version=__version__, prog_name="profclass")
 def main():
     """Diagnose Nsight Systems profiles of (MoE) training jobs: which wall holds the step back."""
 
@@ -106,9 +117,10 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet, jobs, sched
     """Diagnose PROFILES: one nsys export holding every rank, one export per rank, or a
     directory of them (.sqlite, .sqlite.zst, .sqlite.xz, .nsys-rep)."""
     one_heap()
+    check_output(output)
+    _check_inputs(profiles)
     from .pipeline import diagnose as run
     from .progress import reporter
-    check_output(output)
     with reporter(quiet) as progress:
         try:
             # markdown and html show the top kernels and the timeline: keep the timelines
@@ -169,11 +181,12 @@ def timeline(profiles, output, iteration_regex, quiet):
     """Draw one representative steady-state iteration per GPU of PROFILES (compute, each
     collective type, copies, idle, NVTX) to a PNG, SVG or PDF picture."""
     one_heap()
+    if not output.lower().endswith((".png", ".svg", ".pdf")):
+        raise click.BadParameter("the picture's name must end in .png, .svg or .pdf", param_hint="--out")
+    _check_inputs(profiles)
     from .pipeline import diagnose as run
     from .progress import reporter
     from .timeline_view import save_figure, timeline_figure
-    if not output.lower().endswith((".png", ".svg", ".pdf")):
-        raise click.BadParameter("the picture's name must end in .png, .svg or .pdf", param_hint="--out")
     with reporter(quiet) as progress:
         try:
             d = run(list(profiles), iteration_regex=iteration_regex, progress=progress, keep_timelines=True)

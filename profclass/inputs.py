@@ -208,6 +208,31 @@ def _decompress(path: str, tmpdir: str) -> str:
     return out
 
 
+def _head(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(16)
+    except OSError as exc:
+        raise ProfileError(path, f"cannot read ({exc.strerror})") from None
+
+
+def _check_sqlite_head(path: str, head: bytes) -> None:
+    if len(head) == 0:
+        raise ProfileError(path, "empty file")
+    if head != SQLITE_MAGIC:
+        raise ProfileError(path, "not an SQLite file (expected an nsys SQLite export, .sqlite.zst, .sqlite.xz or .nsys-rep)")
+
+
+def check(paths: list[str]) -> None:
+    """The checks ``resolve`` makes before any decompressing or exporting (missing, unreadable,
+    empty, not SQLite): the command line runs them before it imports the pipeline, so bad
+    input is refused in the interpreter's start-up time, not after a second of imports."""
+    for f in _expand(list(paths)):
+        head = _head(f)
+        if not (head.startswith((ZSTD_MAGIC, XZ_MAGIC)) or f.endswith(".nsys-rep")):
+            _check_sqlite_head(f, head)
+
+
 @contextlib.contextmanager
 def resolve(paths: list[str], progress=None):
     """Yield InputFiles for ``paths``; temporary decompressed copies vanish on exit.
@@ -216,11 +241,7 @@ def resolve(paths: list[str], progress=None):
     with tempfile.TemporaryDirectory(prefix="profclass-") as tmpdir:
         out = []
         for f in files:
-            try:
-                with open(f, "rb") as fh:
-                    head = fh.read(16)
-            except OSError as exc:
-                raise ProfileError(f, f"cannot read ({exc.strerror})") from None
+            head = _head(f)
             if head.startswith(ZSTD_MAGIC) or head.startswith(XZ_MAGIC):
                 sqlite = (_decompress if head.startswith(ZSTD_MAGIC) else _decompress_xz)(f, tmpdir)
                 with open(sqlite, "rb") as fh:
@@ -230,9 +251,6 @@ def resolve(paths: list[str], progress=None):
                 head = SQLITE_MAGIC
             else:
                 sqlite = f
-            if len(head) == 0:
-                raise ProfileError(f, "empty file")
-            if head != SQLITE_MAGIC:
-                raise ProfileError(f, "not an SQLite file (expected an nsys SQLite export, .sqlite.zst, .sqlite.xz or .nsys-rep)")
+            _check_sqlite_head(f, head)
             out.append(InputFile(given=f, sqlite=sqlite, rank_hint=rank_from_name(f)))
         yield out

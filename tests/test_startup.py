@@ -66,3 +66,29 @@ def test_json_diagnosis_draws_nothing():
     mods = imported_after("diagnose", str(profile_path("compute_1gpu")), "--format", "json", "-q")
     assert "pandas" in mods
     assert not mods & {"matplotlib", "rich", "dask", "distributed", "scipy", "sklearn"}
+
+
+def test_bad_input_is_refused_before_the_pipeline_loads(tmp_path):
+    """A missing, empty or non-SQLite input is refused with the pipeline's one line, without
+    importing pandas (a job hook or a typo should not wait a second of imports for it)."""
+    empty, text = tmp_path / "empty.sqlite", tmp_path / "notes.sqlite"
+    empty.write_bytes(b"")
+    text.write_text("not a profile\n")
+    for path, problem in [(tmp_path / "absent.sqlite", "no such file or directory"),
+                          (empty, "empty file"), (text, "not an SQLite file")]:
+        code = f"HEAVY = {HEAVY!r}\n" + PROBE
+        p = subprocess.run([sys.executable, "-c", code, "diagnose", str(path), "--format", "json"],
+                           capture_output=True, text=True, timeout=300)
+        lines = p.stderr.strip().splitlines()
+        assert lines[0] == f"profclass: error: {path}: {problem}" or lines[0].startswith(
+            f"profclass: error: {path}: {problem}"), lines
+        assert json.loads(lines[-1]) == [], f"{path.name} imported {lines[-1]}"
+
+
+def test_version_is_the_package_version():
+    """pyproject reads profclass.__version__; the JSON stamps it without importlib.metadata."""
+    from importlib.metadata import version
+
+    import profclass
+    from profclass.contract import profclass_version
+    assert profclass_version() == profclass.__version__ == version("profclass")

@@ -45,11 +45,8 @@ class _ExportConnection(sqlite3.Connection):
                 self._arrow_failed = True
                 return None
             try:
-                import adbc_driver_sqlite.dbapi as adbc_sqlite
-                self._arrow = adbc_sqlite.connect(self.uri)
-                cur = self._arrow.cursor()
-                cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-                cur.close()
+                self._arrow = _AdbcReader(self.uri)
+                self._arrow.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             except Exception:  # noqa: BLE001 - no driver, or it refused the file: use sqlite3
                 self._arrow_failed = True
                 self._close_arrow()
@@ -57,15 +54,53 @@ class _ExportConnection(sqlite3.Connection):
 
     def _close_arrow(self):
         if self._arrow is not None:
-            try:
-                self._arrow.close()
-            except Exception:  # noqa: BLE001 - closing a read-only handle has nothing to lose
-                pass
+            self._arrow.close()
             self._arrow = None
 
     def close(self):
         self._close_arrow()
         super().close()
+
+
+class _AdbcReader:
+    """One ADBC SQLite database + connection, through the driver manager's own bindings: its
+    DB-API module imports ``pyarrow.dataset`` (~50-90 ms of every cold run) for bulk ingest,
+    which a reader never uses."""
+
+    def __init__(self, uri: str):
+        import adbc_driver_manager
+        import adbc_driver_sqlite
+        self._db = adbc_driver_sqlite.connect(uri)
+        try:
+            self._con = adbc_driver_manager.AdbcConnection(self._db)
+        except Exception:
+            self._db.close()
+            raise
+
+    def execute(self, sql: str):
+        """The whole result of ``sql`` as one Arrow table (batches of BATCH_ROWS rows)."""
+        import adbc_driver_manager
+        import pyarrow as pa
+
+        stmt = adbc_driver_manager.AdbcStatement(self._con)
+        try:
+            try:
+                stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+            except Exception:  # noqa: BLE001 - a driver without the option: its default batches
+                pass
+            stmt.set_sql_query(sql)
+            stream, _ = stmt.execute_query()
+            # the reader steps SQLite without the GIL: the loader's threads read side by side
+            return pa.RecordBatchReader._import_from_c(stream.address).read_all()
+        finally:
+            stmt.close()
+
+    def close(self):
+        for handle in (self._con, self._db):
+            try:
+                handle.close()
+            except Exception:  # noqa: BLE001 - closing a read-only handle has nothing to lose
+                pass
 
 
 def connect_readonly(path: str) -> sqlite3.Connection:
@@ -119,16 +154,7 @@ def _query_arrow(con: "_ExportConnection", sql: str, cols: dict[str, str]) -> pd
     if ac is None:
         return None
     try:
-        cur = ac.cursor()
-        try:
-            try:
-                cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
-            except Exception:  # noqa: BLE001 - a driver without the option: its default batches
-                pass
-            cur.execute(sql)
-            table = cur.fetch_arrow_table()
-        finally:
-            cur.close()
+        table = ac.execute(sql)
     except Exception:  # noqa: BLE001 - see the docstring
         return None
     if table.num_columns != len(cols):
