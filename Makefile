@@ -10,6 +10,9 @@ $(BIN)/profclass: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	@# bytecode now, as a wheel install would: with PYTHONDONTWRITEBYTECODE set, an editable
+	@# install would compile every module from source on every run (~0.2 s of each start)
+	$(BIN)/python -m compileall -q profclass
 	touch $@
 
 install: $(BIN)/profclass
