@@ -10,6 +10,7 @@ import sqlite3
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import PROFILES, profile_path
@@ -136,3 +137,18 @@ def test_gpu_bound_capture_drops_its_flushed_last_step(diagnosis):
     timer = PROFILES["mcore_gb_ep4_dpoverlap"]["workload_step_ms"]
     assert d.window["step_ms"]["mean"] == pytest.approx(timer, rel=0.03)
     assert max(d.window["step_ms"]["per_iteration"]) < 1.1 * timer
+
+
+def test_step_spans_stay_exact_integers_near_the_int64_limit():
+    """Step ends are the next step's start, in int64: through float64 (a pandas shift) they
+    lost nanoseconds past 2**53 and overflowed, with a RuntimeWarning, near 2**63."""
+    import warnings
+
+    big = 2**62
+    its = pd.DataFrame({"start": [big + 2, big, 2**63 - 900], "end": [big + 3, big + 1, 2**63 - 1],
+                        "label": ["b", "a", "c"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = iterations.mark_steady(its)
+    assert out["step_end"].tolist() == [big + 2, 2**63 - 900, 2**63 - 1]
+    assert out["step_end"].dtype == np.int64

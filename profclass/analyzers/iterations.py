@@ -185,9 +185,11 @@ def mark_steady(its: pd.DataFrame, open_end: bool = False) -> pd.DataFrame:
     than two whole steps exist.
     """
     its = its.sort_values("start").reset_index(drop=True)
-    nxt = its["start"].shift(-1)
-    # the span of a step runs to the start of the next one, so host gaps between steps count
-    its["step_end"] = np.where(nxt.notna(), nxt.fillna(0), its["end"]).astype(np.int64)
+    # the span of a step runs to the start of the next one, so host gaps between steps count;
+    # in integers: a shift through float64 loses nanoseconds past 2**53 and overflows near 2**63
+    step_end = its["end"].to_numpy(np.int64, copy=True)
+    step_end[:-1] = its["start"].to_numpy(np.int64)[1:]
+    its["step_end"] = step_end
     dur = (its["step_end"] - its["start"]).to_numpy().astype(float)
     steady = np.ones(len(its), dtype=bool)
     if len(its) >= 2:
