@@ -211,3 +211,21 @@ def test_userbuffers_kernels_are_tp_overlap_communication_not_compute():
     assert ring["is_comm"] and ring["collective"] == "other"
     # NCCL's own kernels are matched as before, argument list included
     assert describe_name("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")["collective"] == "all_to_all"
+
+
+def test_sm_estimate_leaves_out_kernels_without_grid_dimensions(tmp_path):
+    """A grid of 0 (no or damaged dimensions in the export) is unknown, not an empty GPU: the
+    SM estimate weighs only kernels whose grid is known, and none known gives no estimate."""
+    def sm_estimate(grids):
+        path = tmp_path / f"g{len(grids)}_{grids[0][0]}.sqlite"
+        b = NsysExportBuilder(path)
+        b.add_gpu(0)
+        for i, grid in enumerate(grids):
+            b.add_kernel(B + 2 * i * U, B + (2 * i + 1) * U, ELEMENTWISE, grid=grid, launch=launch_at(B + 2 * i * U - U))
+        b.write()
+        return features_of(path)[1].sm_active_estimate
+
+    full = sm_estimate([(100000, 1, 1)] * 4)
+    assert full is not None and full > 0
+    assert sm_estimate([(100000, 1, 1)] * 2 + [(0, 1, 1)] * 2) == pytest.approx(full)
+    assert sm_estimate([(0, 1, 1)] * 4) is None

@@ -66,11 +66,13 @@ def _utilisation(r: ComputeResult, gpu, prof, sets: WindowSets) -> None:
     comp, lo, hi = sets.compute_ops, sets.lo, sets.hi
     sm_count = _sm_count(gpu, prof)
     busy = r.compute_ns
-    if sm_count and busy and not comp.empty:
+    grid = comp["grid"].to_numpy()
+    known = grid > 0  # 0: the export has no (or damaged) grid dimensions
+    if sm_count and busy and known.any():
         # occupancy proxy: share of SMs a kernel's grid can cover, weighted by kernel time,
         # over the window (idle and exposed communication count as 0)
-        dur = (np.minimum(comp["end"], hi) - np.maximum(comp["start"], lo)).clip(lower=0).to_numpy()
-        cover = np.minimum(1.0, comp["grid"].to_numpy() / sm_count)
+        dur = (np.minimum(comp["end"], hi) - np.maximum(comp["start"], lo)).clip(lower=0).to_numpy()[known]
+        cover = np.minimum(1.0, grid[known] / sm_count)
         r.sm_active_estimate = float((dur * cover).sum() / max(dur.sum(), 1)) * busy / max(hi - lo, 1)
         r.sm_active = r.sm_active_estimate
         r.sm_active_source = "estimate: grid size vs SM count, weighted by kernel time"

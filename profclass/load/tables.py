@@ -47,8 +47,11 @@ def read_kernels(con, s: Schema, strings: str | None, missing: list, pid: int | 
         missing.append("kernel names (StringIds/shortName)")
     dims = [d for d in ("gridX", "gridY", "gridZ") if d in c]
     bdims = [d for d in ("blockX", "blockY", "blockZ") if d in c]
-    grid = "*".join(f"max(k.{d},1)" for d in dims) or "0"
-    block = "*".join(f"max(k.{d},1)" for d in bdims) or "0"
+    # plain products: CUPTI's dimensions are >= 1, and a 0 (a damaged row) gives 0, the value
+    # for unknown dimensions. Guarding each with max(d, 1) cost six SQL function calls a row,
+    # ~1 s of CPU on a 3M-kernel read (bench/RESULTS.md, seventh session)
+    grid = "*".join(f"k.{d}" for d in dims) or "0"
+    block = "*".join(f"k.{d}" for d in bdims) or "0"
     sql = (f"SELECT k.start, k.end, {column_or(c, 'deviceId', 'k')}, "
            f"{pid_expr('k.globalPid') if 'globalPid' in c else '0'}, {column_or(c, 'streamId', 'k')}, "
            f"{column_or(c, 'correlationId', 'k')}, {column_or(c, short, 'k', '-1') if short else '-1'}, "
