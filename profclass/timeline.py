@@ -31,7 +31,7 @@ class GpuTimeline:
       ('HtoD'...; '' for kernels), pinned, is_comm, library, collective, is_gemm, is_fp8,
       pair, side, launch_start, launch_end (the CPU call; -1 when unknown)
     runtime: this process's CUDA API calls (start, end, tid, correlation, name)
-    nvtx: this process's NVTX ranges (start, end, tid, text, domain)
+    nvtx: this process's NVTX ranges (start, end, tid, text)
     iterations: index, start, end of each detected iteration on the GPU clock, and steady
       (bool: inside the steady-state window)
     """

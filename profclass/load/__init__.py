@@ -13,7 +13,8 @@ Columns (all times int64 ns, on the export's own clock):
   HtoH, other), pinned (host side is pinned memory)
 - memset: start, end, device, pid, stream, correlation, bytes
 - runtime: start, end, pid, tid, correlation, name (CUDA runtime/driver API, version suffix cut)
-- nvtx: start, end, pid, tid, text, domain (ranges only: push/pop and start/end)
+- nvtx: start, end, pid, tid, text (ranges only: push/pop and start/end; no analysis uses the
+  domain, so it is not read)
 - gpus: device, name, sm_count, total_memory
 - gpu_metrics: timestamp, device, metric, value (SM Active, SM Issue, Tensor Active, DRAM)
 - memory_events: start, pid, device, bytes (+ for allocation, - for free)

@@ -44,7 +44,7 @@ MEMSET_COLS = dict(start="int64", end="int64", device="int64", pid="int64", stre
                    correlation="int64", bytes="int64")
 RUNTIME_COLS = dict(start="int64", end="int64", pid="int64", tid="int64", correlation="int64",
                     name="object")
-NVTX_COLS = dict(start="int64", end="int64", pid="int64", tid="int64", text="object", domain="object")
+NVTX_COLS = dict(start="int64", end="int64", pid="int64", tid="int64", text="object")
 GPU_COLS = dict(device="int64", name="object", sm_count="int64", total_memory="int64")
 METRIC_COLS = dict(timestamp="int64", device="int64", metric="object", value="float64")
 MEMEV_COLS = dict(start="int64", pid="int64", device="int64", bytes="int64")

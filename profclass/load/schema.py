@@ -19,7 +19,7 @@ KNOWN_COLUMNS = {
     "start", "end", "deviceId", "streamId", "correlationId", "globalPid", "globalTid",
     "shortName", "demangledName", "mangledName", "name", "nameId", "gridX", "gridY", "gridZ",
     "blockX", "blockY", "blockZ", "graphNodeId", "bytes", "copyKind", "srcKind", "dstKind",
-    "text", "textId", "domainId", "eventType", "id", "value", "smCount", "totalMemory",
+    "text", "textId", "eventType", "id", "value", "smCount", "totalMemory",
     "timestamp", "typeId", "metricId", "metricName", "memoryOperationType", "utcEpochNs",
     "devStateName", "pid", "cuDevice", "memKind", "sourceId",
 }

@@ -17,7 +17,6 @@ KIND_NAMES = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 9: "HtoH", 11: "HtoD"
               13: "DtoD"}
 PINNED_KIND = 1  # ENUM_CUDA_MEM_KIND: 0 pageable, 1 pinned
 NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
-NVTX_DOMAIN_CREATE = 75
 METRICS_WANTED = {
     "SMs Active": "sm_active", "SM Active": "sm_active", "SM Issue": "sm_issue",
     "Tensor Active": "tensor_active", "DRAM Read Bandwidth": "dram_read",
@@ -228,7 +227,7 @@ def read_nvtx(con, s: Schema, strings: str | None, missing: list, pid: int | Non
     raw = _nvtx_rows(con, s, strings, missing, pid)
     if raw is None:
         return empty_frame(NVTX_COLS)
-    df = _nvtx_finish(con, strings, raw, _nvtx_domains(con, s))
+    df = _nvtx_finish(con, strings, raw)
     if df.empty and pid is None:
         missing.append(NVTX_EMPTY)
     return df
@@ -237,14 +236,13 @@ def read_nvtx(con, s: Schema, strings: str | None, missing: list, pid: int | Non
 def read_nvtx_by_process(con, s: Schema, strings: str | None,
                          missing: list) -> tuple[dict[int, pd.DataFrame], pd.DataFrame]:
     """``read_nvtx(..., pid=p)`` of every process ``p`` in one pass over the table: ({pid:
-    ranges}, what a process without ranges gets). Text ids and domains are resolved per
-    process, as a pass of its own would."""
+    ranges}, what a process without ranges gets). Text ids are resolved per process, as a
+    pass of its own would."""
     raw = _nvtx_rows(con, s, strings, missing, None)
     if raw is None:
         return {}, empty_frame(NVTX_COLS)
-    domains = _nvtx_domains(con, s)
-    parts = {p: _nvtx_finish(con, strings, part, domains) for p, part in split_by_pid(raw).items()}
-    return parts, _nvtx_finish(con, strings, raw.iloc[:0].copy(), domains)
+    parts = {p: _nvtx_finish(con, strings, part) for p, part in split_by_pid(raw).items()}
+    return parts, _nvtx_finish(con, strings, raw.iloc[:0].copy())
 
 
 def _nvtx_rows(con, s: Schema, strings: str | None, missing: list, pid: int | None) -> pd.DataFrame | None:
@@ -253,28 +251,15 @@ def _nvtx_rows(con, s: Schema, strings: str | None, missing: list, pid: int | No
     sql = _nvtx_sql(s, strings, missing, pid)
     if sql is None:
         return None
-    cols = dict(start="int64", end="int64", gtid="int64", text="object", domain="int64")
+    cols = dict(start="int64", end="int64", gtid="int64", text="object")
     if "textId" in s.columns["NVTX_EVENTS"] and strings:  # looked up once per distinct id, not per row
-        cols = dict(start="int64", end="int64", gtid="int64", text="object", text_id="int64",
-                    domain="int64")
+        cols = dict(start="int64", end="int64", gtid="int64", text="object", text_id="int64")
     return _pid_tid(query(con, sql, cols))
 
 
-def _nvtx_domains(con, s: Schema) -> dict:
-    """Domain id -> name (0: the default domain, "")."""
-    c = s.columns["NVTX_EVENTS"]
-    domains = {0: ""}
-    if "eventType" in c and "domainId" in c and "text" in c:
-        for dom_id, name in con.execute(
-                f"SELECT domainId, text FROM {s.t('NVTX_EVENTS')} WHERE eventType=?", (NVTX_DOMAIN_CREATE,)):
-            domains[dom_id] = name or ""
-    return domains
-
-
-def _nvtx_finish(con, strings: str | None, df: pd.DataFrame, domains: dict) -> pd.DataFrame:
+def _nvtx_finish(con, strings: str | None, df: pd.DataFrame) -> pd.DataFrame:
     if "text_id" in df.columns:
         _texts_from_ids(con, strings, df)
-    df["domain"] = df["domain"].map(domains).fillna("")
     df["text"] = df["text"].fillna("")
     return df
 
@@ -354,11 +339,10 @@ def _nvtx_sql(s: Schema, strings: str | None, missing: list, pid: int | None) ->
     if "textId" in c and strings:
         text += ", coalesce(n.textId, -1)"  # see _texts_from_ids
     tid = "n.globalTid" if "globalTid" in c else "0"
-    dom = "coalesce(n.domainId, 0)" if "domainId" in c else "0"
     types = ",".join(str(t) for t in NVTX_RANGE_TYPES)
     et = f"n.eventType IN ({types}) AND " if "eventType" in c else ""
     end = "n.end" if "end" in c else "n.start"
-    return (f"SELECT n.start, {end}, {tid}, {text}, {dom} "
+    return (f"SELECT n.start, {end}, {tid}, {text} "
             f"FROM {s.t(T)} n WHERE {pid_filter('n.globalTid' if 'globalTid' in c else None, pid)}"
             f"{et}{end} IS NOT NULL AND {end} >= n.start")
 
