@@ -358,8 +358,6 @@ def test_one_rank_of_tp_x_dp_splits_tp_from_dp_like_all_ranks(name, tmp_path, mo
     Checked against the whole report, where each kernel's group comes from the ranks it
     finished with: >= 95% of rank 0's collective time gets the same group (both views of the
     dense job were 68% before the rule: its DP gradient all-reduce was called TP)."""
-    from conftest import profile_path
-
     from profclass import diagnose
     from profclass.analyzers import communication
     seen = []

@@ -38,8 +38,8 @@ class _ExportConnection(sqlite3.Connection):
     _arrow_failed = False
 
     def arrow(self):
-        """The ADBC connection, or None where the driver is missing or cannot open the file
-        (then every query takes the sqlite3 path)."""
+        """The ADBC reader (``_AdbcReader``), or None where the driver is missing or cannot
+        open the file (then every query takes the sqlite3 path)."""
         if self._arrow is None and not self._arrow_failed:
             if LOADER != "arrow":
                 self._arrow_failed = True
