@@ -18,6 +18,7 @@ from .. import intervals as iv
 from ..timeline import GpuTimeline
 from .gainmodel import Gain, gain, removed, share_of
 from .job import Job, evidence_row, mean_per_step_ms
+from .pipeline_gains import bubble_growth
 from .sets import WindowSets, clipped_set, name_matches
 
 ALLOC_CALLS = re.compile(r"^(cudaMalloc(?!Async)|cudaFree(?!Async)|cudaMallocHost|cudaHostAlloc|"
@@ -194,6 +195,8 @@ def _bigger_microbatch(n: dict) -> Gain:
     launch-bound job, the waits inside collectives for a late peer (its launch overhead, which
     shrinks alike: a peer is late by at most its own launch-late idle, so the waits count up to
     that). Kernels whose grids left SMs unfilled fill them: (1 - 1/k) of that time.
+    On a pipeline the same work in m/k micro-batches lengthens the fill/drain slots: the
+    schedule bubble grows (``bubble_growth``), taken off the estimate and the low end.
     Low end: only the launch-late idle shrinks; high end: all of it and the waits."""
     k = max(float(n.get("microbatch_factor") or 2.0), 1.0)
     launch, low_sm = n["idle_launch_ms"], n["compute_ms"] * max(0.0, 1.0 - n["sm_busy"])
@@ -201,11 +204,13 @@ def _bigger_microbatch(n: dict) -> Gain:
     issue = n.get("host_issue_ms")
     issue = n["step_ms"] if issue is None else issue
     host_saved, sm_saved = issue * (1.0 - 1.0 / k), low_sm * (1.0 - 1.0 / k)
-    return gain("bigger_microbatch", min(host_saved, launch + wait) + sm_saved, min(host_saved, launch) + sm_saved,
+    grow, grow_basis = bubble_growth(n, k)
+    return gain("bigger_microbatch", min(host_saved, launch + wait) + sm_saved - grow,
+                min(host_saved, launch) + sm_saved - grow,
                 min(issue, launch + wait) + low_sm, launch + low_sm + wait,
                 f"{k:g}x micro-batch: host issue time {issue:.1f} ms/step falls by {host_saved:.1f}, of which the "
                 f"GPU gains what it waited for the host (launch-late idle {launch:.1f} + waits for peers "
-                f"{wait:.1f}), plus {sm_saved:.1f} of unfilled-SM compute {low_sm:.1f} ms/step")
+                f"{wait:.1f}), plus {sm_saved:.1f} of unfilled-SM compute {low_sm:.1f} ms/step{grow_basis}")
 
 
 GAINS = {

@@ -90,6 +90,22 @@ def more_microbatches(n: dict) -> Gain | None:
                 f"DP reduction and optimizer kernels {fixed:.1f} ms/step, per the base step's work (p={p}, m={m} -> {2 * m})")
 
 
+def bubble_growth(n: dict, k: float) -> tuple[float, str]:
+    """(ms/step, basis) the schedule bubble grows by when each micro-batch grows k times at the same
+    work per step: m/k micro-batches of k times the work, so each fill/drain slot, the time one
+    micro-batch takes on a stage, lasts up to k times as long, and the bubble, (p-1)/v slots, up
+    to k times the measured schedule share. (0, "") off a pipeline. Where the host paces a slot
+    (the same launches per micro-batch, whatever its size), the slot keeps its length: the high
+    end of the fix's range counts no growth."""
+    s = _split(n)
+    if s is None or k <= 1.0:
+        return 0.0, ""
+    _, schedule, _, _, p, v, m = s
+    grow = (k - 1.0) * schedule
+    return grow, (f"; on the pipeline (p={p}, m={m} -> {m / k:g}) each fill/drain slot is up to {k:g}x longer: "
+                  f"the schedule bubble {schedule:.1f} grows by {grow:.1f} ms/step")
+
+
 def pipelined(n: dict) -> bool:
     """Whether the pipeline numbers are there for a pipelined job (the fixes' fact)."""
     return n.get("pp_bubble_ms") is not None and (n.get("pp_stages") or 1) > 1
