@@ -313,6 +313,8 @@ def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame, reuse: dict | No
 
 
 def _process_rows(df: pd.DataFrame, pid: int) -> pd.DataFrame:
-    """One process's rows sorted by start (a per-process pass holds only its own: no filter copy)."""
+    """One process's rows sorted by start (a per-process pass holds only its own: no filter copy).
+    A stable sort: rows that start together keep the export's order, so ties never depend on
+    the sort's pivot choice."""
     mine = df["pid"].to_numpy() == pid
-    return (df if mine.all() else df[mine]).sort_values("start").reset_index(drop=True)
+    return (df if mine.all() else df[mine]).sort_values("start", kind="stable").reset_index(drop=True)
