@@ -78,14 +78,18 @@ def interleave(n: dict) -> Gain | None:
 def more_microbatches(n: dict) -> Gain | None:
     """Twice the micro-batches of the same size: the fill/drain, (p-1) slots, is paid once per
     2m instead of once per m, and so are the once-per-step DP gradient reduction and optimizer
-    kernels: per the base step's work they halve. The p2p part and imbalance stay."""
+    kernels: per the base step's work they halve. The p2p part and imbalance stay.
+    High end: the imbalance too, and the launch-late idle, were all the host's lateness
+    once-per-step work (optimizer and schedule set-up launches), which also halves per the
+    base's work; the GPU-side estimate counts none of it."""
     s = _split(n)
     if s is None:
         return None
     bubble, schedule, imbalance, p2p, p, v, m = s
     fixed = float(n.get("exposed_dp_ms") or 0.0) + float(n.get("per_step_kernel_ms") or 0.0)
+    launch = float(n.get("idle_launch_ms") or 0.0)
     return gain("pp_more_microbatches", (schedule + fixed) / 2.0, schedule / 2.0,
-                (schedule + imbalance + fixed) / 2.0, bubble + fixed,
+                (schedule + imbalance + fixed + launch) / 2.0, bubble + fixed + launch,
                 f"half the schedule bubble {schedule:.1f} (of the measured {bubble:.1f}) and of the once-per-step "
                 f"DP reduction and optimizer kernels {fixed:.1f} ms/step, per the base step's work (p={p}, m={m} -> {2 * m})")
 
