@@ -89,9 +89,8 @@ def test_held_out_dense_pairs(rows):
 
 def test_untraced_reruns_are_whole_and_paired():
     """Each untraced pair names one log per replicate for both jobs; every log holds the
-    steady steps of a whole run (11 of 14 iterations; megatron_moe: 37 of 40, its iterations counted from 1; moe_train: 27 of
-    40), and a job's
-    replicates ran the same configuration."""
+    steady steps of a whole run (11 of 14 iterations; megatron_moe: 37 of 40, counted from 1;
+    moe_train: 27 of 40), and a job's replicates ran the same configuration."""
     for p in gain_pairs.corpus()["gain_pair"]:
         u = p.get("untraced")
         if not u:
