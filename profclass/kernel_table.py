@@ -72,17 +72,18 @@ def gpu_kernel_agg(ops: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame |
                 return None
         n_op = len(op.cat.categories)
         group, keys = pd.factorize(fcode * n_op + ocode)
-        order = np.argsort(group, kind="stable")
-        bounds = np.flatnonzero(np.r_[True, np.diff(group[order]) != 0])
         labels = np.asarray(fn.cat.categories.astype(str), dtype=object)
         op_labels = np.asarray(op.cat.categories.astype(str), dtype=object)
         agg = pd.DataFrame({"full_name": pd.array(labels[keys // n_op], dtype="str"),
                             "op": pd.array(op_labels[keys % n_op], dtype="str"),
                             "count": np.bincount(group).astype(np.int64),
-                            "ns": np.add.reduceat(dur[order], bounds).astype(np.int64)})
-        # the first op of each name, in first-seen order (drop_duplicates("full_name"))
-        _, first = np.unique(fcode, return_index=True)
-        meta = ops.take(rows[np.sort(first)])[_META_COLUMNS]
+                            "ns": _group_sums(group, dur)})
+        # the first op of each name, in first-seen order (drop_duplicates("full_name")): the
+        # groups are numbered in first-seen order, so a name's first op is the first op of
+        # its first group, and a group's first op is where the running maximum code grows
+        group_first = _first_seen(group)
+        name_first = _first_seen(pd.factorize(keys // n_op)[0])
+        meta = ops.take(rows[group_first[name_first]])[_META_COLUMNS]
     else:
         inside = ops.take(rows)
         agg = (pd.DataFrame({"full_name": fn.take(rows).astype(str).to_numpy(), "op": inside["op"].to_numpy(),
@@ -92,6 +93,24 @@ def gpu_kernel_agg(ops: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame |
         meta = inside.drop_duplicates("full_name")[_META_COLUMNS]
     meta = meta.assign(full_name=meta["full_name"].astype(str))
     return agg.merge(meta, on="full_name", how="left")
+
+
+def _group_sums(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Sum of int64 ``values`` per ``group`` code, exact. ``bincount`` adds in float64, exact
+    for integers while every partial sum stays below 2^53 (104 days of ns), checked by the
+    largest magnitude times the count; else a sort and an integer reduce."""
+    if not len(values) or max(int(values.max()), -int(values.min())) <= 2**53 // len(values):
+        return np.bincount(group, weights=values).astype(np.int64)
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, np.diff(group[order]) != 0])
+    return np.add.reduceat(values[order], bounds).astype(np.int64)
+
+
+def _first_seen(codes: np.ndarray) -> np.ndarray:
+    """Where each code of a first-seen numbering (``pd.factorize``) first occurs, by code: a
+    code is new exactly where the running maximum grows (no sort)."""
+    top = np.maximum.accumulate(codes)
+    return np.flatnonzero(np.r_[True, top[1:] > top[:-1]])
 
 
 def kernel_table(gpus, iterations: list[int]) -> pd.DataFrame:

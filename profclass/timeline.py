@@ -164,23 +164,22 @@ def _add_copy_part(op: str, df: pd.DataFrame, strs: dict, flags: dict, names: li
     flags["is_fp8"].append(np.zeros(m, bool))
 
 
-def _stack_codes(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate (values, codes) parts into one table of distinct values and codes into it."""
+def _categorical(parts: list[tuple[np.ndarray, np.ndarray]], order: np.ndarray) -> pd.Categorical:
+    """A text column from (values, codes) parts, put in ``order``, as a categorical: row
+    filters then copy int codes, not strings. Its categories are the distinct values that
+    occur, sorted, as pandas would infer them. Each part's codes are mapped to the final ones
+    through its small value table: the rows are gathered twice (remap, order), not five times."""
     values = np.concatenate([v for v, _ in parts]).astype(object)
-    offsets = np.cumsum([0] + [len(v) for v, _ in parts[:-1]])
-    codes = np.concatenate([c + o for (_, c), o in zip(parts, offsets)])
     uniq, inv = np.unique(values.astype(str), return_inverse=True)
-    return uniq.astype(object), inv[codes]
-
-
-def _categorical(parts, order) -> pd.Categorical:
-    """A text column as a categorical: row filters then copy int codes, not strings."""
-    uniq, codes = _stack_codes(parts)
-    codes = codes[order]
+    inv = inv.reshape(-1)
     present = np.zeros(len(uniq), bool)
-    present[codes] = True  # categories are the names that occur, as pandas would infer them
-    remap = np.cumsum(present) - 1
-    return pd.Categorical.from_codes(remap[codes], categories=pd.Index(uniq[present], dtype="str"))
+    offsets = np.cumsum([0] + [len(v) for v, _ in parts])
+    for (v, c), at in zip(parts, offsets):
+        present[inv[at:at + len(v)][np.bincount(c, minlength=len(v)) > 0]] = True
+    n = int(present.sum())  # codes in the width pandas keeps them in: no conversion pass
+    code_of = (np.cumsum(present) - 1)[inv].astype(np.int8 if n < 127 else np.int16 if n < 32767 else np.int32)
+    codes = np.concatenate([code_of[at:at + len(v)][c] for (v, c), at in zip(parts, offsets)])[order]
+    return pd.Categorical.from_codes(codes, categories=pd.Index(uniq[present].astype(object), dtype="str"))
 
 
 def _launch_times(rt: pd.DataFrame, pid: np.ndarray, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -287,13 +286,17 @@ def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame, reuse: dict | No
     # (pid, device) packed into one int64 (pids < 2^24, devices < 2^16): factorising plain
     # integers is far cheaper than a MultiIndex of pairs
     pid, dev = ops["pid"].to_numpy(np.int64), ops["device"].to_numpy(np.int64)
-    if len(pid) and pid.min() >= 0 and pid.max() < 2**40 and dev.min() >= 0 and dev.max() < 2**16:
-        codes, uniq = pd.factorize((pid << 16) | dev, sort=True)
-        keys = [(int(k >> 16), int(k & 0xFFFF)) for k in uniq]
-    else:  # out-of-range ids (damaged exports): pairs
-        codes, keys = pd.factorize(pd.MultiIndex.from_arrays([pid, dev]), sort=True)
-    order = np.argsort(codes, kind="stable")  # rows of each GPU, in their (start, end) order
-    bounds = np.searchsorted(codes[order], np.arange(len(keys) + 1))
+    if len(pid) and pid.min() == pid.max() and dev.min() == dev.max():
+        # one GPU (a per-process pass, as usual): all rows are its, in order already
+        keys, order, bounds = [(int(pid[0]), int(dev[0]))], np.arange(len(pid)), np.array([0, len(pid)])
+    else:
+        if len(pid) and pid.min() >= 0 and pid.max() < 2**40 and dev.min() >= 0 and dev.max() < 2**16:
+            codes, uniq = pd.factorize((pid << 16) | dev, sort=True)
+            keys = [(int(k >> 16), int(k & 0xFFFF)) for k in uniq]
+        else:  # out-of-range ids (damaged exports): pairs
+            codes, keys = pd.factorize(pd.MultiIndex.from_arrays([pid, dev]), sort=True)
+        order = np.argsort(codes, kind="stable")  # rows of each GPU, in their (start, end) order
+        bounds = np.searchsorted(codes[order], np.arange(len(keys) + 1))
     is_kernel = (ops["op"] == "kernel").to_numpy()
     rest = ops.drop(columns=["pid", "device"])
     for j, (pid, device) in enumerate(keys):

@@ -77,10 +77,12 @@ def assign(kernels: list[pd.DataFrame], ranks: list[int], layout: Layout, iterat
         groups = layout.groups_of(r)
         group = np.full(len(k), "other", dtype=object)
         source = np.full(len(k), "no layout", dtype=object)
-        keys = k["stream"].astype("int64").astype(str) + "|" + k["collective"].astype(str) \
-            if "stream" in k else k["collective"].astype(str)
-        for key, idx in pd.Series(range(len(k))).groupby(keys.to_numpy()).groups.items():
-            ctype = str(key).split("|")[-1]
+        # buckets by (stream, collective), as integer codes: no text key built per kernel
+        coll_codes, colls = pd.factorize(k["collective"], use_na_sentinel=False)
+        stream = k["stream"].to_numpy(np.int64) if "stream" in k else np.zeros(len(k), np.int64)
+        buckets = pd.Series(np.arange(len(k))).groupby([stream, coll_codes]).indices if len(k) else {}
+        for (_, code), idx in buckets.items():
+            ctype = str(colls[code])
             cands = _candidates(ctype, groups, layout)
             g, src = _decide(k.iloc[idx], ctype, cands, groups, r, ends_by_rank, multi, k, layout, stretches)
             group[idx], source[idx] = g, src

@@ -180,6 +180,8 @@ def _split(r: IdleResult, gpu: GpuTimeline, gaps: iv.IntervalSet, off: pd.DataFr
 
 def _ended_within(sorted_ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """For each [lo, hi], whether some value of ``sorted_ends`` falls inside it."""
+    if not sorted_ends.size:  # often: no allocator call, offload or input copy in the window
+        return np.zeros(np.shape(hi), bool)
     return np.searchsorted(sorted_ends, hi, side="right") > np.searchsorted(sorted_ends, lo, side="left")
 
 
