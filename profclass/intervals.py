@@ -52,7 +52,15 @@ def covered_before(iv: IntervalSet, t: np.ndarray) -> np.ndarray:
     t = np.asarray(t, dtype=np.int64)
     if s.size == 0:
         return np.zeros(t.shape, dtype=np.int64)
-    cum = np.concatenate(([0], np.cumsum(e - s)))
+    return _covered_before(s, e, _lengths_before(iv), t)
+
+
+def _lengths_before(iv: IntervalSet) -> np.ndarray:
+    """[0, len of the first, len of the first two, ...]: the covered length before each interval."""
+    return np.concatenate(([0], np.cumsum(iv[1] - iv[0])))
+
+
+def _covered_before(s: np.ndarray, e: np.ndarray, cum: np.ndarray, t: np.ndarray) -> np.ndarray:
     i = np.searchsorted(s, t, side="right")  # intervals starting at or before t
     inside = np.where(i > 0, np.minimum(t, e[np.maximum(i - 1, 0)]) - s[np.maximum(i - 1, 0)], 0)
     return cum[np.maximum(i - 1, 0)] * (i > 0) + np.maximum(inside, 0)
@@ -60,7 +68,12 @@ def covered_before(iv: IntervalSet, t: np.ndarray) -> np.ndarray:
 
 def measure_within(iv: IntervalSet, starts, ends) -> np.ndarray:
     """Covered length of ``iv`` inside each query interval [starts[k], ends[k])."""
-    return covered_before(iv, np.asarray(ends)) - covered_before(iv, np.asarray(starts))
+    s, e = iv
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if s.size == 0:
+        return np.zeros(np.broadcast_shapes(starts.shape, ends.shape), dtype=np.int64)
+    cum = _lengths_before(iv)  # once for both ends: a set can hold millions of intervals
+    return _covered_before(s, e, cum, ends) - _covered_before(s, e, cum, starts)
 
 
 def _segments(a: IntervalSet, b: IntervalSet):

@@ -315,8 +315,8 @@ def _add_instances(row: dict, ctype: str, S, E, members: list[int], ctx, fabric:
         if not inside.any():
             continue
         s, e, w = S[inside, col], E[inside, col], wait[inside, col]
-        covered = iv.measure_within(compute_sets[j], s, e)
-        covered_wait = iv.measure_within(compute_sets[j], s, s + w)
+        # compute inside each collective and inside its waiting part, in one pass over the set
+        covered, covered_wait = np.split(iv.measure_within(compute_sets[j], np.r_[s, s], np.r_[e, s + w]), 2)
         t = (e - s) - w
         exposed_wait = int((w - covered_wait).sum())
         exposed_each = (t - (covered - covered_wait)).clip(min=0)
