@@ -109,6 +109,8 @@ def _group_sums(group: np.ndarray, values: np.ndarray) -> np.ndarray:
 def _first_seen(codes: np.ndarray) -> np.ndarray:
     """Where each code of a first-seen numbering (``pd.factorize``) first occurs, by code: a
     code is new exactly where the running maximum grows (no sort)."""
+    if not len(codes):
+        return np.empty(0, np.int64)
     top = np.maximum.accumulate(codes)
     return np.flatnonzero(np.r_[True, top[1:] > top[:-1]])
 

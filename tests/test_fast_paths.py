@@ -11,7 +11,7 @@ import pytest
 from conftest import profile_path
 from profclass.analyzers.sets import contains_per_distinct, name_matches
 from profclass.inputs import resolve
-from profclass.kernel_table import _group_sums, gpu_kernel_agg
+from profclass.kernel_table import _first_seen, _group_sums, gpu_kernel_agg
 from profclass.load import load
 from profclass.timeline import build_ops, build_ops_pandas, iter_gpus
 
@@ -63,6 +63,12 @@ def test_group_sums_exact_past_float_precision():
         want = pd.Series(values).groupby(group).sum().to_numpy()
         assert (_group_sums(group, values) == want).all()
     assert _group_sums(np.array([], np.int64), np.array([], np.int64)).size == 0
+
+
+def test_first_seen_rows():
+    codes, _ = pd.factorize(np.array([5, 5, 9, 5, 2, 9, 7]))
+    assert list(_first_seen(codes)) == [0, 2, 4, 6]
+    assert _first_seen(np.array([], np.int64)).size == 0
 
 
 @pytest.mark.parametrize("missing", [False, True])
