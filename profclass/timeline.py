@@ -287,7 +287,7 @@ def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame, reuse: dict | No
     # integers is far cheaper than a MultiIndex of pairs
     pid, dev = ops["pid"].to_numpy(np.int64), ops["device"].to_numpy(np.int64)
     if len(pid) and pid.min() == pid.max() and dev.min() == dev.max():
-        # one GPU (a per-process pass, as usual): all rows are its, in order already
+        # one GPU (a per-process pass, as usual): every row is that GPU's, in order already
         keys, order, bounds = [(int(pid[0]), int(dev[0]))], np.arange(len(pid)), np.array([0, len(pid)])
     else:
         if len(pid) and pid.min() >= 0 and pid.max() < 2**40 and dev.min() >= 0 and dev.max() < 2**16:

@@ -66,7 +66,7 @@ def window_sets(gpu: GpuTimeline) -> WindowSets:
 def _per_distinct(values: pd.Series, test) -> np.ndarray:
     """``test`` (str -> bool) of each value, as a bool array, run once per distinct value (API
     call names and NVTX texts repeat every step), not once per row; a missing value is tested
-    as the text "nan", as ``astype(str)`` writes it."""
+    as the text "nan" (what ``astype(str)`` wrote for it before pandas 3)."""
     if isinstance(values.dtype, pd.CategoricalDtype):
         # the codes are the factorisation already (API call names: no hash of millions of
         # rows); the test of "nan" goes last, where a missing value's code -1 picks it
