@@ -409,16 +409,21 @@ def _size_bytes(label: str) -> float:
     return float(label[:-1]) * {"M": 2**20, "G": 2**30}[label[-1].upper()]
 
 
+def _at_most(path: str, label: str) -> bool:
+    """Whether the file at ``path`` is of size ``label`` or less (a grown file is a little over
+    its nominal size)."""
+    return os.path.getsize(path) <= _size_bytes(label) * 1.05
+
+
 def side_by_side(files: dict, args, lines: list[str]) -> dict:
     """Each tool on each file; wall, CPU and peak memory as ratios to nsys stats's."""
     lines += ["| file | tool | wall s | CPU s | peak RSS MiB | wall / nsys stats | RSS / nsys stats | note |",
               "|---|---|---:|---:|---:|---:|---:|---|"]
     print("\n".join(lines[-2:]), flush=True)
-    ai_max = _size_bytes(args.nsys_ai_max) * 1.05  # a grown file is a little over its nominal size
     results = {}
     for s, path in files.items():
         mib = os.path.getsize(path) / 2**20
-        rows = results[s] = run_tools(path, args.timeout, with_nsys_ai=os.path.getsize(path) <= ai_max)
+        rows = results[s] = run_tools(path, args.timeout, with_nsys_ai=_at_most(path, args.nsys_ai_max))
         ref = rows[1] if rows[1].get("wall_s") and not rows[1]["timed_out"] else None
 
         def ratio(r, key):
@@ -440,8 +445,7 @@ def alternating_rounds(files: dict, args, lines: list[str]) -> None:
     the time target is judged by is the median of the rounds' ratios, each round's pair run
     back to back (the same load on both)."""
     nsys = nsys_binary()
-    limit = _size_bytes(args.rounds_max) * 1.05
-    todo = {s: p for s, p in files.items() if os.path.getsize(p) <= limit}
+    todo = {s: p for s, p in files.items() if _at_most(p, args.rounds_max)}
     if not nsys or args.rounds < 2 or not todo:
         return
     lines += ["", f"profclass against `nsys stats -r cuda_gpu_kern_sum`, {args.rounds} rounds in turn (nsys stats "
