@@ -105,6 +105,9 @@ def main():
               help="Exit 3 when the verdict is one of these walls (for job hooks).")
 @click.option("-o", "--output", "--out", "output", default=None, metavar="FILE",
               help="Write the report to this file instead of stdout.")
+@click.option("--detail", is_flag=True,
+              help="Text: the full tables (per rank, collectives, evidence, every fix and pitfall) "
+                   "instead of the one-screen answer.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar on stderr (it shows only on a terminal).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="Read and analyse the per-rank files in N processes (with --scheduler local: N Dask "
@@ -113,7 +116,7 @@ def main():
               help="Run the per-file work on a Dask distributed cluster (tcp://host:8786, or 'local'); "
                    "only per-rank summaries come back. Needs 'pip install profclass[dask]'; the files "
                    "must be readable at the same paths on the workers.")
-def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet, jobs, scheduler):
+def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, jobs, scheduler):
     """Diagnose PROFILES: one nsys export holding every rank, one export per rank, or a
     directory of them (.sqlite, .sqlite.zst, .sqlite.xz, .nsys-rep)."""
     one_heap()
@@ -134,6 +137,9 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output, quiet, jobs, sched
             text = render_html(d, progress=progress)
         elif fmt == "json":
             text = d.to_json() + "\n"
+        elif fmt == "text" and not detail:
+            from .screen import render_screen
+            text = render_screen(d)
         else:  # rich tables: imported only for the formats that draw them
             from . import report
             text = report.render_markdown(d) if fmt == "markdown" else report.render_text(d)

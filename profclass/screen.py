@@ -1,0 +1,106 @@
+"""The default terminal answer: one screen (at most ``MAX_LINES`` lines) of a Diagnosis.
+
+The verdict with its confidence, the walls, the straggler, the layout, the fix plan when the
+Diagnosis has one, and the top fixes with their gains. ``profclass diagnose --detail`` prints
+the full tables (``report.render_text``); JSON, Markdown and HTML keep everything.
+Plain text, no rich: the first screen costs no table layout.
+"""
+from __future__ import annotations
+
+import os
+import textwrap
+
+from .classify import WALLS
+from .fixes import gain_text
+from .formatting import layout_lines, pct, shorten
+
+# a terminal's first screen: 40 of the usual 45-50 rows, leaving the prompt and the command in view
+MAX_LINES = 40
+TOP_FIXES = 3  # fixes shown with their flags; the rest are counted
+
+
+def render_screen(d, width: int = 110) -> str:
+    """At most ``MAX_LINES`` lines of at most ``width`` characters. Blocks go in order of
+    importance; a block that would not fit is left out whole, and the last line says so."""
+    blocks = _blocks(d, width)
+    out: list[str] = []
+    left_out = []
+    room = MAX_LINES - 1  # the closing line
+    for name, lines in blocks:
+        if len(out) + len(lines) <= room:
+            out += lines
+        else:
+            left_out.append(name)
+    tail = "Full tables: --detail; everything: --format json, markdown or html."
+    if left_out:
+        tail = f"Left out here: {', '.join(left_out)}. " + tail
+    out += _wrap(tail, width)[:1]
+    return "\n".join(out) + "\n"
+
+
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, width, subsequent_indent=indent or "  ", break_on_hyphens=False) or [""]
+
+
+def _inputs(paths: list[str]) -> str:
+    if len(paths) <= 2:
+        return ", ".join(paths)
+    return f"{len(paths)} files: {paths[0]} ... {os.path.basename(paths[-1])}"
+
+
+def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
+    v, w = d.verdict, d.window
+    wrap = lambda text, indent="": _wrap(text, width, indent)  # noqa: E731
+    blocks = [("header", wrap(f"profclass  {_inputs(d.inputs)}")),
+              ("verdict", wrap(f"Verdict: {v['wall'].upper()} wall, confidence {v['confidence']:.2f} "
+                               f"(runner-up {v['runner_up']})")),
+              ("summary", wrap(v["summary"])),
+              ("steady state", wrap(f"Steady state: {w['iterations']} iterations from {w['source']}, step "
+                                    f"{w['step_ms']['mean']:.1f} ms mean, {w['step_ms']['median']:.1f} median, "
+                                    f"{w['step_ms']['std']:.1f} std")),
+              ("walls", wrap("Walls, ms/step (share): " + "; ".join(
+                  f"{x} {d.walls[x]['ms_per_step']:.1f} ({pct(d.walls[x]['share'])})" for x in WALLS)))]
+    if d.stragglers:
+        s = d.stragglers[0]
+        more = f" (+{len(d.stragglers) - 1} more)" if len(d.stragglers) > 1 else ""
+        blocks.append(("straggler", wrap(
+            f"Straggler: rank {s['rank']} (GPU {s['device']}): {s['reason']}; the others wait "
+            f"{s['others_wait_ms_per_step']:.1f} ms/step for it{more}")))
+    elif len(d.devices) > 1:
+        blocks.append(("straggler", wrap(f"Straggler: none among {len(d.devices)} GPUs")))
+    lay = layout_lines(d)
+    if lay:
+        blocks.append(("layout", [x for line in lay for x in wrap(line)]))
+    plan = _plan_lines(d, width)
+    if plan:
+        blocks.append(("fix plan", plan))
+    for i, f in enumerate(d.fixes[:TOP_FIXES], 1):
+        head = wrap(f"{i}. [{f['wall']}] {f['title']} ({gain_text(f)})", "   ")
+        blocks.append((f"fix {i}", head + wrap(f"   flags: {shorten(f['flags'], 2 * width - 12)}", "   ")))
+    if d.fixes:
+        blocks.insert(len(blocks) - min(len(d.fixes), TOP_FIXES),
+                      ("fixes", [f"Fixes to try ({len(d.fixes)}; predicted gain, best estimate and range):"]))
+    rest = len(d.fixes) - TOP_FIXES
+    counts = [f"{rest} more fix(es)"] if rest > 0 else []
+    counts += [f"{len(d.pitfalls)} pitfall(s)"] if d.pitfalls else []
+    counts += [f"{len(d.missing)} thing(s) the profile could not show"] if d.missing else []
+    if counts:
+        blocks.append(("counts", wrap("Also: " + ", ".join(counts) + ".")))
+    return blocks
+
+
+def _plan_lines(d, width: int) -> list[str]:
+    """The fix plan (fixes applied in turn, each re-priced on the step the previous left), when
+    the Diagnosis has one: ``plan`` rows of {id, gain_ms, step_ms_after, wall_after}."""
+    plan = getattr(d, "plan", None) or []
+    if not plan:
+        return []
+    titles = {f["id"]: f["title"] for f in d.fixes}
+    out = [f"Fix plan (in turn, from a {d.window['step_ms']['mean']:.1f} ms step):"]
+    for i, p in enumerate(plan, 1):
+        name = titles.get(p.get("id"), p.get("id"))
+        gain = f" (-{p['gain_ms']:.1f} ms)" if p.get("gain_ms") is not None else ""
+        after = f" -> step {p['step_ms_after']:.1f} ms" if p.get("step_ms_after") is not None else ""
+        wall = f", then the {p['wall_after']} wall" if p.get("wall_after") else ""
+        out += _wrap(f"{i}. {name}{gain}{after}{wall}", width, "   ")
+    return out

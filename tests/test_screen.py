@@ -1,0 +1,56 @@
+"""The default terminal answer fits one screen on every fixture; ``--detail`` keeps the full
+tables; the fix plan, when a Diagnosis has one, is shown in turn."""
+from __future__ import annotations
+
+from copy import copy
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import PROFILES, profile_path
+from profclass.cli import main
+from profclass.screen import MAX_LINES, render_screen
+
+WIDTH = 110  # what the CLI renders at
+
+
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_one_screen_on_every_fixture(name, diagnosis):
+    d = diagnosis(name)
+    lines = render_screen(d).splitlines()
+    assert len(lines) <= MAX_LINES == 40
+    assert max(len(x) for x in lines) <= WIDTH
+    assert lines[1].startswith(f"Verdict: {d.verdict['wall'].upper()} wall, confidence {d.verdict['confidence']:.2f}")
+    assert any(x.startswith("Walls, ms/step") for x in lines)
+    # nothing the screen promises is left out on any fixture: every block fits
+    assert not any(x.startswith("Left out here") for x in lines), lines[-1]
+    if d.stragglers:
+        assert any(x.startswith(f"Straggler: rank {d.stragglers[0]['rank']} ") for x in lines)
+    if d.fixes:
+        assert any(x.startswith(f"1. [{d.fixes[0]['wall']}] {d.fixes[0]['title'][:40]}") for x in lines)
+
+
+def test_cli_prints_the_screen_and_detail_the_tables():
+    path = str(profile_path("imbalance_4gpu_perrank"))
+    short = CliRunner().invoke(main, ["diagnose", "-q", path])
+    full = CliRunner().invoke(main, ["diagnose", "-q", "--detail", path])
+    assert short.exit_code == 0 and full.exit_code == 0, short.output + full.output
+    assert len(short.output.splitlines()) <= MAX_LINES < len(full.output.splitlines())
+    assert "Per rank" in full.output and "Evidence" in full.output and "Per rank" not in short.output
+    # the same verdict line's facts in both
+    assert "Verdict: COMPUTE wall, confidence" in short.output and "Verdict: COMPUTE wall" in full.output
+
+
+def test_fix_plan_is_shown_in_turn_and_the_screen_still_fits(diagnosis):
+    """The plan's rows ({id, gain_ms, step_ms_after, wall_after}) name the fix by its title."""
+    d = copy(diagnosis("mcore_pp4_m4"))
+    ids = [f["id"] for f in d.fixes[:3]]
+    step = d.window["step_ms"]["mean"]
+    d.plan = [dict(id=i, gain_ms=10.0 * (k + 1), step_ms_after=step - 10.0 * (k + 1) * (k + 2) / 2,
+                   wall_after=w) for k, (i, w) in enumerate(zip(ids, ["communication", "host", "compute"]))]
+    lines = render_screen(d).splitlines()
+    assert len(lines) <= MAX_LINES
+    head = lines.index(next(x for x in lines if x.startswith("Fix plan")))
+    first = lines[head + 1]
+    assert first.startswith(f"1. {d.fixes[0]['title'][:30]}")
+    assert f"-> step {step - 10:.1f} ms, then the communication wall" in " ".join(x.strip() for x in lines[head + 1:head + 3])
