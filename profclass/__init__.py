@@ -17,9 +17,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from .errors import ProfileError
+from .version import __version__
 
 __all__ = ["Diagnosis", "DiffResult", "HookResult", "ProfileError", "diagnose", "diff", "run_hook"]
-__version__ = "0.1.0"
 
 # public name -> the submodule that defines it
 _LAZY = {"Diagnosis": "pipeline", "diagnose": "pipeline", "DiffResult": "diff", "diff": "diff",

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from . import __version__
+from .version import __version__
 from .errors import ProfileError
 
 EXIT_BAD_INPUT = 2

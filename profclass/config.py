@@ -42,6 +42,12 @@ def platform(gpu_name: str) -> str:
     return "other"
 
 
+def run_flags(cfg: dict) -> dict:
+    """The run's command-line flags (flag -> value) from a ``config`` section (``derive``'s, or a
+    stored diagnosis's); empty when none were captured."""
+    return (cfg.get("command_line_flags") or {}).get("value") or {}
+
+
 def item(value, source: str) -> dict:
     return {"value": value, "source": source}
 

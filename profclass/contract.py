@@ -5,13 +5,13 @@ code: a minor bump adds fields, a major bump removes or renames one or changes a
 ``profclass_version`` (the package that wrote it). The JSON Schemas (draft 2020-12) that
 describe the output exactly are package data, ``profclass/data/schema/<kind>.schema.json``;
 ``profclass schema diagnose|diff`` prints them and docs/json.md is generated from them
-(``python -m profclass.contract --docs``).
+(``python -m profclass.contract_cli --docs``).
 
 Changing the output (see docs/json.md, "Changing the output"):
 
 - add a field  -> describe it in the schema, bump the MINOR of ``SCHEMA_VERSION`` (and the
   schema's ``schema_version`` const), update tests/data/schema_fields_v1.txt
-  (``python -m profclass.contract --fields tests/data/schema_fields_v1.txt``, which refuses added
+  (``python -m profclass.contract_cli --fields tests/data/schema_fields_v1.txt``, which refuses added
   fields without a newer version and removed ones without a new major) and docs/json.md;
 - remove or rename a field, or change what one means -> bump the MAJOR, and start a new
   ``schema_fields_v<major>.txt``.
@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from importlib import resources
 
 from .errors import ProfileError
@@ -37,7 +36,7 @@ HASH_CHUNK = 1 << 20  # sha256 of the inputs is streamed in 1 MiB chunks
 def profclass_version() -> str:
     """``profclass.__version__``, which is also the package's version (pyproject reads it):
     importing importlib.metadata to ask the installed metadata cost ~40 ms of every run."""
-    from . import __version__
+    from .version import __version__
     return __version__
 
 
@@ -172,7 +171,7 @@ def field_paths(schema: dict, root: dict | None = None, prefix: str = "") -> set
 
 def fields_text() -> str:
     """tests/data/schema_fields_v<major>.txt: the released field paths of every schema."""
-    lines = [f"# schema {SCHEMA_VERSION}: field paths of the shipped schemas (python -m profclass.contract --fields FILE)"]
+    lines = [f"# schema {SCHEMA_VERSION}: field paths of the shipped schemas (python -m profclass.contract_cli --fields FILE)"]
     for kind in SCHEMA_KINDS:
         lines += [f"{kind}:{p}" for p in sorted(field_paths(load_schema(kind)))]
     return "\n".join(lines) + "\n"
@@ -202,35 +201,3 @@ def update_fields(path: str) -> str:
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(new)
     return path
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--fields"]:
-        if len(argv) > 1:
-            try:
-                update_fields(argv[1])
-            except ValueError as exc:
-                sys.stderr.write(f"profclass.contract: {argv[1]}: {exc}\n")
-                return 2
-        else:
-            sys.stdout.write(fields_text())
-        return 0
-    if argv[:1] == ["--docs"]:
-        from .contract_docs import render_docs
-        text = render_docs()
-        if len(argv) > 1:
-            with open(argv[1], "w", encoding="utf-8") as fh:
-                fh.write(text)
-        else:
-            sys.stdout.write(text)
-        return 0
-    if argv[:1] and argv[0] in SCHEMA_KINDS:
-        sys.stdout.write(schema_text(argv[0]))
-        return 0
-    sys.stderr.write("usage: python -m profclass.contract diagnose|diff | --fields [FILE] | --docs [FILE]\n")
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

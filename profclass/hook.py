@@ -111,7 +111,8 @@ def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_a
     """Diagnose ``profiles`` (one job: a file, rank files or a directory), optionally diff it
     against ``baseline`` (profile paths or a stored diagnosis JSON), write the JSON and
     Markdown reports and return the one-line summary and the exit code the job should use."""
-    from . import __version__, report
+    from . import report
+    from .version import __version__
     from .contract import input_hashes, stamp
     from .diff import ALPHA, MIN_EFFECT, diff, one_line as diff_line, render_markdown as diff_md
     from .pipeline import diagnose

@@ -12,7 +12,7 @@ import base64
 import html
 import io
 
-from . import __version__
+from .version import __version__
 from . import timeline_view as tv
 from .classify import WALLS
 from .fixes import gain_text

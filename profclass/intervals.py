@@ -153,12 +153,3 @@ def complement(iv: IntervalSet, lo: int, hi: int) -> IntervalSet:
     ge = np.concatenate((s, [hi]))
     keep = ge > gs
     return gs[keep].astype(np.int64), ge[keep].astype(np.int64)
-
-
-def _contains(iv: IntervalSet, t: np.ndarray) -> np.ndarray:
-    s, e = iv
-    i = np.searchsorted(s, t, side="right") - 1
-    ok = i >= 0
-    res = np.zeros(t.shape, dtype=bool)
-    res[ok] = t[ok] < e[i[ok]]
-    return res

@@ -183,7 +183,7 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
     facts = {**config.config_facts(cfg), **analyzers.job_facts(job, numbers)}
     if job.layout.size("ep"):  # the layout knows whether experts are split over ranks
         facts["ep"] = job.layout.size("ep") > 1
-    flags = cfg.get("command_line_flags", {}).get("value", {})
+    flags = config.run_flags(cfg)
     env_all = {k: v for p in profiles for k, v in p.env.items()}
     # whether memory has room for what a fix would add (recompute off): the pitfalls' fact
     facts["memory_headroom"] = pitfalls.facts(flags, env_all, cfg, memory.peak_share(job), len(job.records))[

@@ -73,7 +73,6 @@ OPS_COLUMNS = ["start", "end", "device", "pid", "stream", "correlation", "op", "
                "grid", "block", "graph_node", "bytes", "kind", "pinned", "is_comm", "library",
                "collective", "is_gemm", "is_fp8", "pair", "side", "launch_start", "launch_end"]
 _STR_COLUMNS = ("op", "kind", "library", "collective", "pair", "side")
-_DESCRIBED = ("is_comm", "library", "collective", "is_gemm", "is_fp8", "pair", "side")
 
 
 def build_ops(prof: RawProfile) -> pd.DataFrame:

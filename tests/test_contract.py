@@ -115,7 +115,7 @@ def test_released_fields_are_kept_within_the_major():
     """Removing or renaming a field is a major change: every path of the released field list of
     this major must still be in the schema. (A new major starts a new schema_fields_v<N>.txt.)"""
     assert FIELDS.exists(), (f"no {FIELDS.name}: a new major version starts one with "
-                             "'python -m profclass.contract --fields'")
+                             "'python -m profclass.contract_cli --fields'")
     version, released = _released()
     assert major(version) == major(SCHEMA_VERSION)
     gone = sorted(released - _current())
@@ -125,14 +125,14 @@ def test_released_fields_are_kept_within_the_major():
 
 def test_added_fields_move_the_minor():
     """Fields the released list lacks are a minor change: the version must have moved past the
-    list's, and the list is then regenerated (python -m profclass.contract --fields)."""
+    list's, and the list is then regenerated (python -m profclass.contract_cli --fields)."""
     version, released = _released()
     added = sorted(_current() - released)
     if added:
         assert tuple(map(int, SCHEMA_VERSION.split("."))) > tuple(map(int, version.split("."))), (
             f"fields added since schema {version} without a minor version bump: {added[:10]}")
     assert FIELDS.read_text() == contract.fields_text(), (
-        f"{FIELDS.name} is stale: python -m profclass.contract --fields {FIELDS.relative_to(ROOT)}")
+        f"{FIELDS.name} is stale: python -m profclass.contract_cli --fields {FIELDS.relative_to(ROOT)}")
 
 
 def test_the_field_list_update_refuses_unversioned_changes(tmp_path, monkeypatch):
@@ -162,7 +162,7 @@ def test_field_paths_notice_a_rename():
 def test_docs_json_md_is_up_to_date():
     from profclass.contract_docs import render_docs
     assert (ROOT / "docs" / "json.md").read_text() == render_docs(), \
-        "docs/json.md is stale: python -m profclass.contract --docs docs/json.md"
+        "docs/json.md is stale: python -m profclass.contract_cli --docs docs/json.md"
 
 
 def test_schema_command_prints_the_shipped_schema_without_pandas():

@@ -85,7 +85,7 @@ def test_bad_input_is_refused_before_the_pipeline_loads(tmp_path):
 
 
 def test_version_is_the_package_version():
-    """pyproject reads profclass.__version__; the JSON stamps it without importlib.metadata."""
+    """pyproject reads profclass.version.__version__ (profclass.__version__ is the same); the JSON stamps it without importlib.metadata."""
     from importlib.metadata import version
 
     import profclass

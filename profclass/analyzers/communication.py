@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .. import intervals as iv
+from ..config import run_flags
 from ..kernels import COLLECTIVE_TYPES, collective_name
 from ..timeline import GpuTimeline, comm_kernels
 from . import comm_groups, iterations, layout
@@ -446,7 +447,7 @@ def numbers(job: Job) -> dict:
     dp_calls = sum(c["instances"] for c in job.comm.collectives
                    if c["collective"] in DP_COLLECTIVES and c["group"] in ("DP", "EDP"))
     slow = str(job.cfg.get("NCCL_P2P_DISABLE", {}).get("value", "")) == "1"
-    flags = job.cfg.get("command_line_flags", {}).get("value", {})
+    flags = run_flags(job.cfg)
     layers = next((int(flags[f]) for f in ("--num-layers", "--layers") if str(flags.get(f, "")).isdigit()), None)
     ep_share = group_share(job, ("EP",), EP_COLLECTIVES)
     exposed_a2a, exposed_a2a_transfer = exposed_ms(job, EP_COLLECTIVES, False), exposed_ms(job, EP_COLLECTIVES, True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import intervals as iv
+from ..config import run_flags
 from ..timeline import GpuTimeline
 from .gainmodel import Gain, gain, removed
 from .job import Job, evidence_row, mean_per_step_ms
@@ -61,7 +62,7 @@ GAINS = {"gc": lambda n: removed("gc", min(n["gc_ms"], n["host_ms"]), "garbage-c
 
 def numbers(job: Job) -> dict:
     ranks = [r.walls_ns.get("host", 0) / r.iterations / 1e6 for r in job.records]
-    pp = str((job.cfg.get("command_line_flags") or {}).get("value", {}).get("--pipeline-model-parallel-size", "1"))
+    pp = str(run_flags(job.cfg).get("--pipeline-model-parallel-size", "1"))
     return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns), host_ms=job.walls_ns["host"] / 1e6,
                 host_rank_ms=ranks if len(ranks) > 1 else None, pp_from_flags=int(pp) if pp.isdigit() else 1)
 

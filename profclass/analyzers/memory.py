@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from .. import intervals as iv
+from ..config import run_flags
 from ..timeline import GpuTimeline
 from .gainmodel import Gain, gain, removed, share_of
 from .idle import copy_roles
@@ -228,7 +229,7 @@ OFFLOAD_FLAGS = ("--cpu-offloading", "--optimizer-cpu-offload", "--cpu-offloadin
 
 
 def facts(job: Job, numbers: dict) -> dict:
-    flags = job.cfg.get("command_line_flags", {}).get("value", {}) or {}
+    flags = run_flags(job.cfg)
     return dict(alloc_in_steady=numbers["idle_alloc_ms"] > 0,
                 offload=(numbers["offload_ms"] > OFFLOAD_MIN_SHARE * job.step_ms
                          or (numbers["offload_ms"] > 0 and any(f in flags for f in OFFLOAD_FLAGS))))

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..classify import WALLS
+from ..config import run_flags
 from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
 from ..kernels import collective_label
@@ -218,8 +219,7 @@ def _config_changes(b: Diagnosis, c: Diagnosis) -> list[dict]:
         vb, vc = (eb or {}).get("value"), (ec or {}).get("value")
         if vb != vc:
             out.append(dict(key=key, base=vb, candidate=vc, source=(ec or eb)["source"]))
-    fb = (b.config.get("command_line_flags") or {}).get("value") or {}
-    fc = (c.config.get("command_line_flags") or {}).get("value") or {}
+    fb, fc = run_flags(b.config), run_flags(c.config)
     for flag in sorted(set(fb) | set(fc)):
         if fb.get(flag) != fc.get(flag):
             out.append(dict(key=flag, base=fb.get(flag), candidate=fc.get(flag), source="command line"))
@@ -314,6 +314,4 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
 def _pair_pitfalls(b: Diagnosis, c: Diagnosis, step_ms: float) -> list[dict]:
     from ..pitfalls import check, diff_facts
 
-    def flags(d):
-        return d.config.get("command_line_flags", {}).get("value", {})
-    return check(diff_facts(flags(b), flags(c)), {}, step_ms, scope="diff")
+    return check(diff_facts(run_flags(b.config), run_flags(c.config)), {}, step_ms, scope="diff")

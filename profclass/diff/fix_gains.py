@@ -16,6 +16,7 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
 """
 from __future__ import annotations
 
+from ..config import run_flags
 from ..fixes import load_table, predict_by_id
 
 _ABSENT = (None, False, "0", "false", "False")
@@ -24,7 +25,7 @@ _ABSENT = (None, False, "0", "false", "False")
 def _settings(d) -> dict:
     """Configuration values and command-line flags of one side, one flat dict."""
     out = {k: (v or {}).get("value") for k, v in d.config.items() if k != "command_line_flags"}
-    out.update((d.config.get("command_line_flags") or {}).get("value") or {})
+    out.update(run_flags(d.config))
     return out
 
 
