@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO ?= fixtures/profiles/comm_4gpu.sqlite.xz
 
-.PHONY: install demo test bench calibrate clean nsys fuzz
+.PHONY: install demo test bench calibrate clean nsys fuzz recipe-venv
 
 $(BIN)/profclass: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,11 +27,23 @@ nsys:
 	@if [ -x "$$(command -v nsys)" ] || [ -n "$$NSYS" ] || [ -e /opt/nsys ] || [ ! -f "$(GET_NSYS)" ]; then :; \
 	else echo "installing nsys with $(GET_NSYS)"; bash "$(GET_NSYS)" /opt/nsys || echo "nsys install failed: tests that need it will skip"; fi
 
-test: install nsys
+# nsys recipe profclass runs in the Python first on PATH, with the framework's packages at the
+# versions it works with (numpy<2, pandas<2.3, pyarrow<17): a second venv, the `recipe` extra.
+# tests/test_recipe.py runs nsys recipe with it (and makes it when missing)
+RECIPE_VENV ?= .venv-recipe
+$(RECIPE_VENV)/bin/profclass: pyproject.toml
+	$(PY) -m venv $(RECIPE_VENV)
+	$(RECIPE_VENV)/bin/pip install -q --upgrade pip
+	$(RECIPE_VENV)/bin/pip install -q -e '.[recipe]'
+	touch $@
+
+recipe-venv: $(RECIPE_VENV)/bin/profclass
+
+test: install nsys recipe-venv
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(RECIPE_VENV) build *.egg-info
 
 # Long fuzzing run (tests/test_fuzz.py): FUZZ_EXAMPLES generated exports (split over two
 # processes) and every committed fixture truncated at 20 points and byte-flipped at 100

@@ -168,6 +168,14 @@ def explain(fmt):
         click.echo(render_reference(), nl=False)
 
 
+@main.command("recipe-path")
+def recipe_path_cmd():
+    """Print the folder that makes 'nsys recipe profclass' work:
+    export NSYS_RECIPE_PATH=$(profclass recipe-path) (docs/recipe.md)."""
+    from .recipe import recipe_path
+    click.echo(recipe_path())
+
+
 @main.command()
 @click.argument("kind", type=click.Choice(["diagnose", "diff"]))
 def schema(kind):

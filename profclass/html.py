@@ -71,14 +71,17 @@ def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()
 
 
 def render_html(d, progress=None) -> str:
-    """The report for a ``Diagnosis`` made with ``keep_timelines=True``, as one HTML string."""
+    """The report for a ``Diagnosis`` made with ``keep_timelines=True``, as one HTML string.
+    Without timelines (per-rank summaries only: the nsys recipe's reducer) it says so in place of
+    the timeline and the top kernels."""
     out = _verdict(d)
     if progress:
         progress("drawing the wall chart")
     out += _walls(d)
     if progress:
         progress("drawing the timeline")
-    out += _timeline(d) + _ranks(d) + _top_kernels(d) + _collectives(d) + _fixes(d)
+    pictures = (_timeline(d), _top_kernels(d)) if getattr(d, "timelines", None) else (_no_timelines(), [])
+    out += pictures[0] + _ranks(d) + pictures[1] + _collectives(d) + _fixes(d)
     rows = [[_e(e["wall"]), _e(e["metric"]), f"{e['value']:.3f}", _e(e["unit"]), _e(e["note"])] for e in d.evidence]
     out += ["<h2>Evidence</h2>", _table(["wall", "metric", "value", "unit", "note"], rows, {2})]
     out += _missing_and_config(d)
@@ -111,6 +114,13 @@ def _walls(d) -> list[str]:
     return ["<h2>Where the steady-state step goes</h2>", _table(["wall", "share", "ms/step"], rows, {1, 2}),
             f"<figure><img alt=\"steady-state ms per step by wall, per rank\" src=\"{_figure_uri(tv.walls_figure(d), 'svg')}\">"
             "<figcaption>Each rank's mean steady-state step, split into the four walls.</figcaption></figure>"]
+
+
+def _no_timelines() -> list[str]:
+    return ["<h2>Timeline</h2><p class=\"muted\">Not drawn: this report was made from per-rank summaries "
+            "(nsys recipe profclass), which leave the timelines where they were read. "
+            "<code>profclass diagnose --format html</code> on the same reports draws the timeline and the top "
+            "kernels.</p>"]
 
 
 def _timeline(d) -> list[str]:

@@ -30,7 +30,7 @@ DEFAULT_NSYS = "/opt/nsys/usr/lib/nsight-systems/bin/nsys"  # where get-nsys.sh 
 @dataclass
 class InputFile:
     given: str  # what the user named (for messages)
-    sqlite: str  # a readable SQLite export
+    sqlite: str | None  # a readable SQLite export (None: not resolved yet, see ``listed``)
     rank_hint: int | None  # rank number from the file name, if any
 
 
@@ -254,3 +254,13 @@ def resolve(paths: list[str], progress=None):
             _check_sqlite_head(f, head)
             out.append(InputFile(given=f, sqlite=sqlite, rank_hint=rank_from_name(f)))
         yield out
+
+
+def listed(paths: list[str]) -> list[InputFile]:
+    """``paths`` as ``resolve`` would list them, checked (``check``) but not decompressed or
+    exported: ``sqlite`` is the file itself for a plain SQLite export and None for the others,
+    which whoever reads them resolves (``ranks.summarise_file``: a worker, per file)."""
+    files = _expand(list(paths))
+    check(files)
+    return [InputFile(given=f, sqlite=None if f.endswith(".nsys-rep") or _head(f).startswith((ZSTD_MAGIC, XZ_MAGIC))
+                      else f, rank_hint=rank_from_name(f)) for f in files]

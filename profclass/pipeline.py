@@ -105,23 +105,37 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
                                     jobs=1 if keep_timelines else jobs,
                                     scheduler=None if keep_timelines else scheduler,
                                     keep_timelines=keep_timelines, progress=progress)
-        summaries = _agree_across_files(summaries, files, iteration_regex, keep_timelines)
-        profiles = [fs.meta for fs in summaries]
-        gpus = [g for fs in summaries for g in fs.gpus]
-        all_ops = [fs.config_ops for fs in summaries]
-        check_one_job(profiles, paths[0] if len(paths) == 1 else ", ".join(paths))
-        if not gpus:
-            raise ProfileError(paths[0] if len(paths) == 1 else ", ".join(paths),
-                               "no GPU kernels in the profile (CPU-only capture, or CUDA tracing was off)")
-    if progress:
-        progress(f"analysing {len(gpus)} GPU(s)")
-    d = analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], paths)
+        d, gpus = _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress)
     if keep_timelines:
         for g in gpus:
             if g.timeline is not None:
                 g.timeline.rank = g.rank
         d.timelines = [g.timeline for g in gpus if g.timeline is not None] or None
     return d
+
+
+def diagnose_summaries(summaries, files, paths, iteration_regex: str | None = None) -> Diagnosis:
+    """The job analysis over per-file summaries made elsewhere (``profclass.ranks.summarise_file``
+    of each of ``files``, in order): what ``diagnose`` does once the per-file work is done, for
+    callers that run that work themselves (the ``nsys recipe profclass`` reducer, profclass.recipe).
+    ``files``: ``inputs.InputFile`` rows; ``sqlite`` may be None where the file is to be resolved
+    again from ``given`` (a compressed export, an .nsys-rep report)."""
+    return _reduce(summaries, files, [str(p) for p in paths], iteration_regex, False, None)[0]
+
+
+def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress):
+    """Per-file summaries -> the job's step across files -> one job -> the Diagnosis."""
+    summaries = _agree_across_files(summaries, files, iteration_regex, keep_timelines)
+    profiles = [fs.meta for fs in summaries]
+    gpus = [g for fs in summaries for g in fs.gpus]
+    all_ops = [fs.config_ops for fs in summaries]
+    check_one_job(profiles, paths[0] if len(paths) == 1 else ", ".join(paths))
+    if not gpus:
+        raise ProfileError(paths[0] if len(paths) == 1 else ", ".join(paths),
+                           "no GPU kernels in the profile (CPU-only capture, or CUDA tracing was off)")
+    if progress:
+        progress(f"analysing {len(gpus)} GPU(s)")
+    return analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], paths), gpus
 
 
 def _agree_across_files(summaries, files, regex, keep_timelines):
