@@ -24,14 +24,16 @@ its constants are in ``docs/classification.md``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 from math import erf, sqrt
 from typing import TYPE_CHECKING
 
 from .tables import read_table
+from .verdict import JobWalls, Verdict
 
 if TYPE_CHECKING:
-    from .analyzers import GpuAnalysis
+    from .analyzers.job import GpuRecord
+    from .analyzers.results import GpuAnalysis, RankComm
 
 WALLS = ("compute", "communication", "host", "memory")
 # one share's error beyond sampling: the largest share difference between two captures of one
@@ -44,20 +46,13 @@ WHOLE_CAPTURE_CAP = 0.5  # a whole-capture window is not shown to be the steady 
 # a verdict that holds if a lone rank's collective time is transfer and not if part of it is
 # waiting for ranks outside the profile: nothing in the profile weighs the two readings
 UNSEEN_PEERS_CAP = 0.5
+# recompute charged to memory above this share of the step makes memory the verdict: above
+# the 5-10% run-to-run noise of a step, so what memory costs is measurable
+MEMORY_BOUND_MIN_SHARE = 0.10
 
 
 def load_thresholds() -> dict[str, float]:
     return {w: float(v) for w, v in read_table("calibration")["thresholds"].items()}
-
-
-@dataclass
-class Verdict:
-    wall: str
-    runner_up: str
-    confidence: float
-    scores: dict[str, float]
-    straggler_blame_share: float | None = None
-    confidence_basis: dict = field(default_factory=dict)
 
 
 def gpu_walls(a: GpuAnalysis) -> dict[str, int]:
@@ -135,7 +130,7 @@ def gpu_step_walls(per_gpu_ns: list[dict[str, int]], iterations: list[int], expo
 def unseen_peers_reading(per_step: list[dict[str, float]], iterations: list[int], unseen_wait_ns: list[int],
                          thresholds: dict[str, float]) -> Verdict | None:
     """The verdict with each GPU's waiting for ranks not in the profile (estimated,
-    ``communication._lone_waits``) taken out of its communication and its step; None when
+    ``matching._lone_waits``) taken out of its communication and its step; None when
     there is no such waiting."""
     per_gpu = [u / max(i, 1) for u, i in zip(unseen_wait_ns, iterations)]
     if not any(per_gpu):
@@ -205,3 +200,121 @@ def step_spread(step_ns: list[list[int]]) -> float:
     means = np.array([s.mean() for s in steps]) if steps else np.zeros(1)
     across = float(means.std(ddof=1) / means.mean()) if len(means) > 1 and means.mean() > 0 else 0.0
     return sqrt(per_iter ** 2 + across ** 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# the classify stage over the job: walls, verdict, confidence
+
+def memory_bound(records: list[GpuRecord], step_ns: float) -> bool:
+    """The seeds' memory wall: the job recomputes because its cards are near capacity, and
+    that recompute costs a measurable share of the step (``MEMORY_BOUND_MIN_SHARE``)."""
+    import numpy as np
+
+    from .analyzers.memory import charged_recompute
+
+    charged_ms = float(np.mean([sum(charged_recompute(r.analysis.memory).values()) / r.iterations
+                                for r in records])) / 1e6
+    return bool(step_ns) and charged_ms >= MEMORY_BOUND_MIN_SHARE * (step_ns / 1e6)
+
+
+def classify_job(records: list[GpuRecord], ranks: tuple[RankComm, ...], unseen_wait_ns: tuple[int, ...],
+                 blamed: list[dict], whole_window: bool) -> JobWalls:
+    """Walls per GPU and for the job, the verdict and its confidence. ``ranks``: each GPU's
+    waiting for its peers, ``unseen_wait_ns``: of it, the estimate for ranks outside the
+    profile (the communication stage); ``blamed``: the stragglers' ranks (``stragglers.find``);
+    ``whole_window``: the job's step is the whole capture (``iterations.window_source``)."""
+    import numpy as np
+
+    thresholds = load_thresholds()
+    per_gpu_ns = [gpu_walls(r.analysis) for r in records]
+    its = [r.iterations for r in records]
+    late_walls = tuple(straggler_wall(s["gpu"], per_gpu_ns, its) for s in blamed)
+    late_wall = late_walls[0][0] if blamed else None
+    step_walls = gpu_step_walls(per_gpu_ns, its, [c.exposed_wait_ns for c in ranks], [s["gpu"] for s in blamed],
+                                late_wall)
+    job_ns = job_walls(step_walls)
+    step_ns = float(np.mean([r.analysis.window.window_ns / r.iterations for r in records]))
+    shares = {w: (v / step_ns if step_ns else 0.0) for w, v in job_ns.items()}
+    bound = memory_bound(records, step_ns)
+    verdict = _verdict(shares, thresholds, late_wall, blamed, bound and not late_wall)
+    # the memory-bound rule decides by the charged recompute crossing its floor, not by outscoring
+    floor = MEMORY_BOUND_MIN_SHARE if bound and not late_wall else None
+    gpu_shares = [{w: v / max(sum(g.values()), 1) for w, v in g.items()} for g in step_walls]
+    conf, basis = confidence(verdict.wall, shares, thresholds, gpu_shares,
+                             [r.analysis.window.step_ns for r in records], whole_window, floor=floor)
+    verdict = replace(verdict, confidence=conf, confidence_basis=basis)
+    # (a memory-bound verdict stands: taking waiting out of the step only raises the recompute's share)
+    unseen = unseen_peers_reading(step_walls, its, unseen_wait_ns, thresholds) \
+        if not late_wall and not (bound and not late_wall) else None
+    unseen_reading = None
+    if unseen is not None and unseen.wall != verdict.wall:
+        # one rank of a bigger job: its collective time is transfer or waiting for unseen peers
+        verdict = replace(verdict, confidence=min(verdict.confidence, UNSEEN_PEERS_CAP), runner_up=unseen.wall)
+        unseen_reading = unseen.wall
+    return JobWalls(gpu_ns=tuple(per_gpu_ns), job_ns=job_ns, step_ns=step_ns, shares=shares, verdict=verdict,
+                    late_walls=late_walls, memory_bound=bound, unseen_reading=unseen_reading)
+
+
+def _verdict(shares: dict[str, float], thresholds: dict[str, float], late_wall: str | None, blamed: list[dict],
+             memory_bound_rule: bool) -> Verdict:
+    """The verdict rule: a straggler's wall, else memory when the job is memory-bound, else the
+    largest score."""
+    if late_wall:
+        return decide_with_straggler(shares, thresholds, late_wall, blamed[0]["blame_share"])
+    if memory_bound_rule:
+        return decide_memory_bound(shares, thresholds)
+    return decide(shares, thresholds)
+
+
+def walls_section(walls: JobWalls, collectives: list[dict]) -> dict:
+    """The Diagnosis ``walls``: each wall's share and ms per step; communication's split by
+    group from the matched ``collectives`` rows (exposed transfer and waiting)."""
+    out = {w: {"share": round(walls.shares[w], 4), "ms_per_step": round(walls.job_ns[w] / 1e6, 3)} for w in WALLS}
+    by_group: dict[str, float] = {}
+    for c in collectives:
+        by_group[c["group"]] = (by_group.get(c["group"], 0.0) + c["exposed_transfer_ms_per_step"]
+                                + c["exposed_wait_ms_per_step"])
+    out["communication"]["by_group"] = {g: round(v, 3) for g, v in sorted(by_group.items())}
+    return out
+
+
+def verdict_section(walls: JobWalls, stragglers: list[dict]) -> dict:
+    """The Diagnosis ``verdict``: the wall, its confidence and runner-up, a one-line summary."""
+    v = walls.verdict
+    return dict(wall=v.wall, confidence=v.confidence, runner_up=v.runner_up,
+                summary=_summary(v, walls.shares, walls.job_ns, stragglers), scores=v.scores,
+                confidence_basis=v.confidence_basis, straggler_blame_share=v.straggler_blame_share)
+
+
+def _summary(verdict: Verdict, shares: dict[str, float], job_ns: dict[str, float], stragglers: list[dict]) -> str:
+    w = verdict.wall
+    s = (f"{w} wall: {100 * shares[w]:.0f}% of the steady-state step ({job_ns[w] / 1e6:.1f} ms/step); "
+         f"runner-up {verdict.runner_up} ({100 * shares[verdict.runner_up]:.0f}%)")
+    if stragglers:
+        st = stragglers[0]
+        s += (f"; rank {st['rank']} is the straggler ({st['reason']}), costing the others "
+              f"{st['others_wait_ms_per_step']:.1f} ms/step of waiting")
+    return s + "."
+
+
+def device_rows(records: list[GpuRecord], walls: JobWalls, ranks: tuple[RankComm, ...],
+                features: list[dict]) -> list[dict]:
+    """The Diagnosis ``devices``: each GPU's own walls, verdict, window and results
+    (``features``: each GPU's flat analyzer results)."""
+    from dataclasses import asdict
+
+    thresholds = load_thresholds()
+    devices = []
+    for r, walls_ns, rank_comm, feats in zip(records, walls.gpu_ns, ranks, features):
+        g, window_ns = r.gpu, r.analysis.window.window_ns
+        w_share = {w: v / max(window_ns, 1) for w, v in walls_ns.items()}
+        devices.append(dict(
+            pid=g.pid, device=g.device, rank=g.rank, file=g.path, wall=decide(w_share, thresholds).wall,
+            walls={w: {"share": round(w_share[w], 4), "ms_per_step": round(walls_ns[w] / r.iterations / 1e6, 3)}
+                   for w in WALLS},
+            window_source=g.window_source, iterations=r.analysis.window.iterations,
+            step_ms=round(window_ns / r.iterations / 1e6, 3),
+            comm=asdict(rank_comm) if len(records) > 1 else None,
+            features={k: (round(v, 4) if isinstance(v, float) else v) for k, v in feats.items()}))
+    devices.sort(key=lambda dv: (dv["rank"] is None, dv["rank"], dv["pid"]))
+    return devices

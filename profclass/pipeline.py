@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from copy import copy
 from dataclasses import asdict, dataclass, field, replace
 
@@ -19,18 +18,26 @@ import numpy as np
 import pandas as pd
 
 from . import analyzers, classify, config, fixes, pitfalls
-from .analyzers import (GpuRecord, Job, communication, iterations, layout, layout_infer, memory,
-                        pipeline_bubbles, profiler, stragglers)
+from .analyzers import GpuRecord, Job, iterations, layout_stage, matching, memory, pipeline_bubbles, stragglers
 from .clocks import align_clocks
 from .contract import stamp
 from .errors import ProfileError
 from .inputs import resolve
 from .kernel_table import kernel_table, table_records
 from .onejob import check_one_job
-from .timeline import comm_kernels
 from .ranks import assign_ranks
 from .ranks import summarise_file
 from .workers import summarise_files
+
+@dataclass(frozen=True)
+class NotInJson:
+    """What a Diagnosis holds besides its JSON, for the library API, the reports and ``diff``."""
+
+    numbers: dict | None = None  # the job numbers fix gains are priced from (ms per step)
+    # diagnose(keep_timelines=True)'s analysed GpuTimelines (for pictures and kernel tables)
+    timelines: list | None = None
+    # a diagnosis read back from its JSON: (path, schema version, profclass version)
+    saved_from: tuple | None = None
 
 
 @dataclass
@@ -56,14 +63,23 @@ class Diagnosis:
     kernels: list[dict] = field(default_factory=list)
     layout: dict = field(default_factory=dict)  # parallel sizes, their sources, group order
     pipeline: dict = field(default_factory=dict)  # PP bubble and stage imbalance (pipeline_bubbles)
-    # diagnose(keep_timelines=True) sets this to the analysed GpuTimelines (for pictures and
-    # kernel tables); a plain class attribute, so not a dataclass field and not in to_dict()
-    timelines = None
-    # the job numbers fix gains are priced from (ms per step); a plain attribute like timelines
-    numbers = None
+    extra: NotInJson = field(default_factory=NotInJson)  # not in the JSON
+
+    @property
+    def numbers(self) -> dict | None:
+        return self.extra.numbers
+
+    @property
+    def timelines(self) -> list | None:
+        return self.extra.timelines
+
+    @property
+    def saved_from(self) -> tuple | None:
+        return self.extra.saved_from
 
     def to_dict(self) -> dict:
-        return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
+        # schema_version, profclass_version first (profclass.contract)
+        return stamp({k: v for k, v in asdict(replace(self, extra=NotInJson())).items() if k != "extra"})
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
@@ -110,7 +126,7 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
         for g in gpus:
             if g.timeline is not None:
                 g.timeline.rank = g.rank
-        d.timelines = [g.timeline for g in gpus if g.timeline is not None] or None
+        d = replace(d, extra=replace(d.extra, timelines=[g.timeline for g in gpus if g.timeline is not None] or None))
     return d
 
 
@@ -174,162 +190,56 @@ def _agree_across_files(summaries, files, regex, keep_timelines):
 
 
 def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
-    """The job-level stages over the per-rank summaries: cross-rank analyzers -> classify ->
-    configuration -> fixes and pitfalls, into one Diagnosis."""
+    """The job-level stages over the per-rank summaries, each on the frozen outputs of the ones
+    before it: layout -> communication -> pipeline -> stragglers -> classify -> configuration
+    -> the analyzers' job halves -> fixes and pitfalls, into one Diagnosis."""
     assign_ranks(gpus, profiles, hints)
     skew = align_clocks(gpus, {i: p.session_start_ns for i, p in enumerate(profiles)})
     # iterations and per-GPU analyzers ran per file, on its own clock (profclass.ranks)
-    job = Job([GpuRecord(g, g.analysis, max(g.analysis.window.iterations, 1)) for g in gpus])
-    job.layout = _layout(profiles, gpus)
-    job.comm = communication.analyse_ranks(job)
-    for g, k in zip(gpus, job.comm_kernels):
+    records = tuple(GpuRecord(g, g.analysis, max(g.analysis.window.iterations, 1)) for g in gpus)
+    lay = layout_stage.job_layout(profiles, gpus)
+    comm = matching.analyse_ranks(records, lay)
+    for g, kernels in zip(gpus, comm.kernels):
         if g.timeline is not None:  # kept for pictures: their lane per group
-            g.timeline.comm_groups = k[["start", "end", "group"]]
-    job.pipeline = pipeline_bubbles.measure(job)
-    blamed = stragglers.find(job)
-    verdict, shares = _classify(job, blamed)
-    ops_all = pd.concat(all_ops, ignore_index=True) if all_ops else pd.DataFrame()
-    recompute_ratio = float(np.median([r.analysis.memory.recompute_ratio for r in job.records]))
-    cuda_graphs = any(r.analysis.host.graph_launches or r.analysis.host.graph_kernels for r in job.records)
-    job.cfg = cfg = config.derive(profiles, ops_all, len(gpus), recompute_ratio, cuda_graphs,
-                                  ep_size=job.layout.size("ep"), moe_router=job.layout.moe_router)
-    numbers = analyzers.job_numbers(job)
-    facts = {**config.config_facts(cfg), **analyzers.job_facts(job, numbers)}
-    if job.layout.size("ep"):  # the layout knows whether experts are split over ranks
-        facts["ep"] = job.layout.size("ep") > 1
-    flags = config.run_flags(cfg)
+            g.timeline.comm_groups = kernels[["start", "end", "group"]]
+    pipe = pipeline_bubbles.measure(records, lay, comm)
+    blamed = stragglers.find(records, comm.ranks)
+    walls = classify.classify_job(records, comm.ranks, comm.unseen_exposed_wait_ns, blamed,
+                                  iterations.window_source(records) == "whole")
+    cfg = _config(profiles, all_ops, records, lay)
+    job = Job(records=records, layout=lay, comm=comm, pipeline=pipe, walls=walls, cfg=cfg,
+              stragglers=stragglers.straggler_rows(records, lay, blamed, walls.late_walls))
+    out = analyzers.job_outputs(job)
     env_all = {k: v for p in profiles for k, v in p.env.items()}
-    # whether memory has room for what a fix would add (recompute off): the pitfalls' fact
-    facts["memory_headroom"] = pitfalls.facts(flags, env_all, cfg, memory.peak_share(job), len(job.records))[
-        "memory_headroom"]
-    # a fix is already on when its flag is on the command line or its variable in the environment
-    chosen = fixes.select([verdict.wall, verdict.runner_up], facts, {**env_all, **flags}, numbers,
-                          step_ms=job.step_ms)
-    d = Diagnosis(
-        inputs=list(paths),
-        verdict=dict(wall=verdict.wall, confidence=verdict.confidence, runner_up=verdict.runner_up,
-                     summary=_summary(verdict, shares, job.walls_ns, job.stragglers), scores=verdict.scores,
-                     confidence_basis=verdict.confidence_basis,
-                     straggler_blame_share=verdict.straggler_blame_share),
-        walls=_walls(job, shares),
-        window=iterations.window_section(job), devices=_devices(job), stragglers=job.stragglers,
-        collectives=job.comm.collectives, fixes=chosen, evidence=analyzers.job_evidence(job, numbers),
-        missing=(sorted({m for p in profiles for m in p.missing}) + iterations.missing(job)
-                 + layout.missing(job) + communication.missing(job) + profiler.missing(job, numbers)), config=cfg,
-        pitfalls=_pitfalls(job, flags, env_all, numbers, facts), memory=memory.section(job, numbers),
-        clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
-        nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
-        kernels=table_records(kernel_table(gpus, [r.iterations for r in job.records])),
-        layout=job.layout.to_dict(), pipeline=job.pipeline.to_dict())
-    d.numbers = numbers
-    return d
-
-
-def _walls(job: Job, shares: dict) -> dict:
-    out = {w: {"share": round(shares[w], 4), "ms_per_step": round(job.walls_ns[w] / 1e6, 3)} for w in classify.WALLS}
-    out["communication"]["by_group"] = communication.by_group(job)
-    return out
-
-
-def _layout(profiles, gpus) -> layout.Layout:
-    """The layout from the command line, else (TP, PP, EP) from the traffic."""
-    command = [a for p in profiles for a in p.command]
-    env = {k: v for p in profiles for k, v in p.env.items()}
-    lay = layout.build(config.parse_flags(command), command, env, len(gpus))
-    per_report = max(Counter(g.source for g in gpus).values(), default=0)
-    if lay.gpus_per_node is None and per_report > 1:
-        lay.gpus_per_node = per_report  # one nsys report is one host: its GPUs share a node
-    comm = [comm_kernels(g) for g in gpus]
-    # kernels per SendRecv kernel over the whole capture: one program's shape, whatever the
-    # steps each GPU's window holds (ranks' windows may differ; their captures do not)
-    shape = [g.kernels_total / max(int((k["collective"] == "all_to_all").sum()), 1) for g, k in zip(gpus, comm)]
-    aggs = [g.kernel_agg for g in gpus]
-    gemms = [int(a.loc[a["is_gemm"].astype(bool), "count"].sum()) if a is not None else 0 for a in aggs]
-    moe_router = any(a is not None and a["full_name"].str.contains(layout_infer.MOE_ROUTER).any() for a in aggs)
-    layout_infer.infer(lay, comm, [g.rank for g in gpus], shape,
-                       windows=[g.window for g in gpus], gemms=gemms, moe_router=moe_router)
-    return lay
-
-
-def _classify(job: Job, blamed: list[dict]) -> tuple[classify.Verdict, dict[str, float]]:
-    """Walls per GPU and for the job, the verdict, and the stragglers' reasons (sets ``job``)."""
-    thresholds = classify.load_thresholds()
-    per_gpu_ns = []
-    for r in job.records:
-        r.walls_ns = classify.gpu_walls(r.analysis)
-        per_gpu_ns.append(r.walls_ns)
-    its = [r.iterations for r in job.records]
-    late_walls = [classify.straggler_wall(s["gpu"], per_gpu_ns, its) for s in blamed]
-    straggler_wall = late_walls[0][0] if blamed else None
-    step_walls = classify.gpu_step_walls(per_gpu_ns, its, [r.comm.exposed_wait_ns for r in job.records],
-                                         [s["gpu"] for s in blamed], straggler_wall)
-    job.walls_ns = classify.job_walls(step_walls)
-    job.step_ns = float(np.mean([r.analysis.window.window_ns / r.iterations for r in job.records]))
-    job.stragglers = stragglers.straggler_rows(job, blamed, late_walls)
-    shares = {w: (v / job.step_ns if job.step_ns else 0.0) for w, v in job.walls_ns.items()}
-    memory_bound = not straggler_wall and memory.memory_bound(job)
-    if straggler_wall:
-        verdict = classify.decide_with_straggler(shares, thresholds, straggler_wall, blamed[0]["blame_share"])
-    elif memory_bound:
-        verdict = classify.decide_memory_bound(shares, thresholds)
-    else:
-        verdict = classify.decide(shares, thresholds)
-    # the memory-bound rule decides by the charged recompute crossing its floor, not by outscoring
-    floor = memory.MEMORY_BOUND_MIN_SHARE if memory_bound else None
-    gpu_shares = [{w: v / max(sum(g.values()), 1) for w, v in g.items()} for g in step_walls]
-    verdict.confidence, verdict.confidence_basis = classify.confidence(
-        verdict.wall, shares, thresholds, gpu_shares, [r.analysis.window.step_ns for r in job.records],
-        iterations.window_source(job) == "whole", floor=floor)
-    # (a memory-bound verdict stands: taking waiting out of the step only raises the recompute's share)
-    unseen = classify.unseen_peers_reading(step_walls, its, job.comm.unseen_exposed_wait_ns, thresholds) \
-        if job.comm and not straggler_wall and not memory_bound else None
-    if unseen is not None and unseen.wall != verdict.wall:
-        # one rank of a bigger job: its collective time is transfer or waiting for unseen peers
-        verdict.confidence = min(verdict.confidence, classify.UNSEEN_PEERS_CAP)
-        verdict.runner_up = job.unseen_reading = unseen.wall
-    return verdict, shares
-
-
-def _devices(job: Job) -> list[dict]:
-    """The Diagnosis ``devices``: each GPU's own walls, verdict, window and results."""
-    thresholds = classify.load_thresholds()
-    devices = []
-    for r in job.records:
-        g, window_ns = r.gpu, r.analysis.window.window_ns
-        w_share = {w: v / max(window_ns, 1) for w, v in r.walls_ns.items()}
-        devices.append(dict(
-            pid=g.pid, device=g.device, rank=g.rank, file=g.path, wall=classify.decide(w_share, thresholds).wall,
-            walls={w: {"share": round(w_share[w], 4), "ms_per_step": round(r.walls_ns[w] / r.iterations / 1e6, 3)}
-                   for w in classify.WALLS},
-            window_source=g.window_source, iterations=r.analysis.window.iterations,
-            step_ms=round(window_ns / r.iterations / 1e6, 3),
-            comm=asdict(r.comm) if len(job.records) > 1 else None,
-            features=_round_features(analyzers.feature_record(r.analysis))))
-    devices.sort(key=lambda dv: (dv["rank"] is None, dv["rank"], dv["pid"]))
-    return devices
-
-
-def _pitfalls(job: Job, flags: dict, env: dict, numbers: dict, measured: dict) -> list[dict]:
-    """Rules over the run's configuration facts and the analyzers' measured ones (``measured``)."""
+    # the run's own facts (pitfalls.facts) need the peak memory share, worked out once here
     peak_share = memory.peak_share(job)
-    found = pitfalls.check({**measured, **pitfalls.facts(flags, env, job.cfg, peak_share, len(job.records))},
-                           numbers, job.step_ms)
+    run_facts = pitfalls.facts(job.flags, env_all, cfg, peak_share, len(records))
+    # whether memory has room for what a fix would add (recompute off): the pitfalls' fact
+    facts = {**config.config_facts(cfg), **out.facts, "memory_headroom": run_facts["memory_headroom"]}
+    # a fix is already on when its flag is on the command line or its variable in the environment
+    chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, {**env_all, **job.flags},
+                          out.numbers, step_ms=job.step_ms)
+    found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     for pf in found:
         if peak_share is not None and "memory_headroom" in pf["facts"]:
             pf["evidence"] = memory.headroom_note(peak_share)
-    return found
+    return Diagnosis(
+        inputs=list(paths), verdict=classify.verdict_section(walls, job.stragglers),
+        walls=classify.walls_section(walls, comm.collectives),
+        devices=classify.device_rows(records, walls, comm.ranks, [analyzers.feature_record(r.analysis)
+                                                                  for r in records]),
+        fixes=chosen, evidence=out.evidence, config=cfg, pitfalls=found,
+        missing=sorted({m for p in profiles for m in p.missing}) + out.missing,
+        clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
+        nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
+        kernels=table_records(kernel_table(gpus, [r.iterations for r in records])),
+        extra=NotInJson(numbers=out.numbers), **out.sections)
 
 
-def _round_features(d: dict) -> dict:
-    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
-
-
-def _summary(verdict, shares, job_ns, stragglers) -> str:
-    w = verdict.wall
-    s = (f"{w} wall: {100 * shares[w]:.0f}% of the steady-state step ({job_ns[w] / 1e6:.1f} ms/step); "
-         f"runner-up {verdict.runner_up} ({100 * shares[verdict.runner_up]:.0f}%)")
-    if stragglers:
-        st = stragglers[0]
-        s += (f"; rank {st['rank']} is the straggler ({st['reason']}), costing the others "
-              f"{st['others_wait_ms_per_step']:.1f} ms/step of waiting")
-    return s + "."
+def _config(profiles, all_ops, records, lay) -> dict:
+    """The configuration stage: the Diagnosis ``config`` section."""
+    ops_all = pd.concat(all_ops, ignore_index=True) if all_ops else pd.DataFrame()
+    recompute_ratio = float(np.median([r.analysis.memory.recompute_ratio for r in records]))
+    cuda_graphs = any(r.analysis.host.graph_launches or r.analysis.host.graph_kernels for r in records)
+    return config.derive(profiles, ops_all, len(records), recompute_ratio, cuda_graphs,
+                         ep_size=lay.size("ep"), moe_router=lay.moe_router)

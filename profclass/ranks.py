@@ -40,7 +40,7 @@ CONFIG_COLUMNS = ["is_comm", "library", "collective", "is_fp8"]
 # processes of one export analysed at once where the loader read them all in one pass
 ANALYSIS_THREADS = 2
 # name, grid and block: NCCL's kernel (protocol, type) and channel count, its size class
-# (communication._lone_waits)
+# (matching._lone_waits)
 COMM_COLUMNS = ["start", "end", "op", "is_comm", "collective", "stream", "launch_start", "launch_end",
                 "name", "grid", "block"]
 

@@ -186,7 +186,7 @@ def test_lone_waits_take_the_low_end_of_each_size_class_as_transfer():
     import numpy as np
     import pandas as pd
 
-    from profclass.analyzers.communication import _lone_waits
+    from profclass.analyzers.matching import _lone_waits
     small = [100, 100, 100, 100, 500, 900, 1300, 1700]  # 1/4 quantile: 100
     big = [10_000, 10_000, 10_000, 10_000]  # one size, never waited: all transfer
     d = small + big

@@ -96,7 +96,7 @@ def test_memory_bound_confidence_is_that_of_crossing_its_floor(name, diagnosis):
     """The memory-bound rule decides by the charged recompute crossing its floor, not by
     outscoring the other walls: confidence is taken on that margin (memory wins here with a
     smaller share than host or compute, which must not read as 'shares against the verdict')."""
-    from profclass.analyzers.memory import MEMORY_BOUND_MIN_SHARE
+    from profclass.classify import MEMORY_BOUND_MIN_SHARE
 
     d = diagnosis(name)
     v, b = d.verdict, d.verdict["confidence_basis"]

@@ -63,7 +63,7 @@ def test_label_wall_has_the_share_to_back_it(name, diagnosis):
         if label == "memory" and d.memory["memory_bound"]:
             # the seeds' memory wall is decided by fitting only with recompute, not by the largest
             # share: what it costs is the measured recompute, a tenth of the step or more
-            from profclass.analyzers.memory import MEMORY_BOUND_MIN_SHARE
+            from profclass.classify import MEMORY_BOUND_MIN_SHARE
             assert s[label] >= MEMORY_BOUND_MIN_SHARE
         else:  # the label's wall is the largest of the non-compute walls
             assert s[label] == max(s[w] for w in WALLS if w != "compute")

@@ -359,15 +359,15 @@ def test_one_rank_of_tp_x_dp_splits_tp_from_dp_like_all_ranks(name, tmp_path, mo
     finished with: >= 95% of rank 0's collective time gets the same group (both views of the
     dense job were 68% before the rule: its DP gradient all-reduce was called TP)."""
     from profclass import diagnose
-    from profclass.analyzers import communication
+    from profclass.analyzers import matching
     seen = []
-    grouped = communication.grouped_kernels
+    grouped = matching.grouped_kernels
 
-    def keep(job):
-        out = grouped(job)
-        seen.append(next(k for r, k in zip(job.records, out) if r.gpu.rank == 0))
-        return out
-    monkeypatch.setattr(communication, "grouped_kernels", keep)
+    def keep(records, layout):
+        kernels, members = grouped(records, layout)
+        seen.append(next(k for r, k in zip(records, kernels) if r.gpu.rank == 0))
+        return kernels, members
+    monkeypatch.setattr(matching, "grouped_kernels", keep)
     diagnose(str(profile_path(name)))
     alone = diagnose(str(_one_process(profile_path(name), tmp_path)))
     whole, one = (k.sort_values("start").reset_index(drop=True) for k in seen)

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
 from .job import Job, evidence_row, mean_per_step_ms
+from .protocol import Analyzer
 from .gainmodel import gain, share_of
+from .results import ComputeResult
 from .sets import WindowSets, clipped_set, name_matches
 
 SMALL_GEMMS_SM_BUSY = 0.6  # SMs busier than this while compute runs: kernels fill the GPU
@@ -29,20 +30,6 @@ FUSION_SAVES = 0.5  # a fused chain of two memory-bound passes reads and writes 
 # --fp8-hybrid, 0.34 -> 0.24 s/step = 1.42x), range: 1.2x (small GEMMs where the per-step
 # quantisation dominates) to 2x (the tensor cores' peak ratio)
 FP8_SPEEDUP, FP8_SPEEDUP_LOW, FP8_SPEEDUP_HIGH = 1.42, 1.2, 2.0
-
-
-@dataclass
-class ComputeResult:
-    compute_ns: int = 0  # |C|
-    gemm_ns: int = 0
-    exposed_copy_ns: int = 0  # |X - C - M|: copies and memsets nothing hides
-    fp8_kernels: int = 0
-    sm_active: float | None = None
-    sm_active_estimate: float | None = None
-    sm_active_source: str = ""
-    tensor_active: float | None = None
-    fusible_ns: int = 0  # kernels of the FUSION_FAMILIES, summed (ns in the window)
-    per_step_kernel_ns: int = 0  # kernels of PER_STEP_KERNELS (optimizer, grad norm), summed
 
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ComputeResult:
@@ -147,3 +134,8 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
         ev.append(evidence_row("compute", "SM active", float(np.mean(sm)), "fraction",
                                job.records[0].analysis.compute.sm_active_source))
     return ev
+
+
+ANALYZER = Analyzer(name="compute", about="compute kernels, GEMMs, SM utilisation and the other exposed copies",
+                    per_gpu_field="compute", analyse=analyse, numbers=numbers, facts=facts, evidence=evidence,
+                    gains=GAINS)

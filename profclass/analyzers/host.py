@@ -2,30 +2,20 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import intervals as iv
-from ..config import run_flags
 from ..timeline import GpuTimeline
 from .gainmodel import Gain, gain, removed
 from .job import Job, evidence_row, mean_per_step_ms
+from .protocol import Analyzer
+from .results import HostResult
 from .sets import WindowSets, clipped_set, contains_per_distinct, name_matches
 
 GRAPH_LAUNCH = re.compile(r"cudaGraphLaunch|cuGraphLaunch")  # str.startswith, as a match
 GC_RANGES = re.compile(r"(?:^|\W)(?:gc|garbage|collect)(?:\W|$)", re.I)
 LAUNCH_BOUND_SHARE = 0.2  # this share of kernels shorter than their launch: launch-bound
-
-
-@dataclass
-class HostResult:
-    kernels: int = 0  # kernels in the window
-    launch_bound_kernels: int = 0  # kernels shorter than the CUDA call that launched them
-    launch_bound_kernel_ns: int = 0
-    graph_kernels: int = 0
-    graph_launches: int = 0
-    gc_ns: int = 0  # inside NVTX ranges named like garbage collection
 
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
@@ -61,8 +51,8 @@ GAINS = {"gc": lambda n: removed("gc", min(n["gc_ms"], n["host_ms"]), "garbage-c
          "host_spread": _host_spread}
 
 def numbers(job: Job) -> dict:
-    ranks = [r.walls_ns.get("host", 0) / r.iterations / 1e6 for r in job.records]
-    pp = str(run_flags(job.cfg).get("--pipeline-model-parallel-size", "1"))
+    ranks = [walls.get("host", 0) / r.iterations / 1e6 for walls, r in zip(job.walls.gpu_ns, job.records)]
+    pp = str(job.flags.get("--pipeline-model-parallel-size", "1"))
     return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns), host_ms=job.walls_ns["host"] / 1e6,
                 host_rank_ms=ranks if len(ranks) > 1 else None, pp_from_flags=int(pp) if pp.isdigit() else 1)
 
@@ -76,3 +66,8 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
     per_step = float(np.mean([r.analysis.host.launch_bound_kernels / r.iterations for r in job.records]))
     return [evidence_row("host", "kernels shorter than their launch", per_step, "per step",
                          "launch-bound kernels")]
+
+
+ANALYZER = Analyzer(name="host", about="launch-bound kernels, CUDA graphs, garbage collection",
+                    per_gpu_field="host", analyse=analyse, numbers=numbers, facts=facts, evidence=evidence,
+                    gains=GAINS)

@@ -1,6 +1,6 @@
 """Analyzer: GPU idle time in the window, split by what the host was doing when the GPU ran dry.
 
-One vectorised pass over the gaps of busy = C | M | X (see ``sets``): allocator calls
+One vectorised pass over the gaps of busy = compute | comm | copies (see ``sets``): allocator calls
 (cudaMalloc/cudaFree... overlapping the gap), a large offload copy that just finished, a host
 synchronisation that returned at the start of the gap (the CPU waited, then had to refill the
 queue), a late launch (the next kernel was launched after the gap began: the CPU was the
@@ -9,7 +9,6 @@ bottleneck), or other (the work was queued but waited on another stream or a pee
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -19,6 +18,8 @@ from ..timeline import GpuTimeline
 from .gainmodel import Gain, gain, removed, share_of
 from .job import Job, evidence_row, mean_per_step_ms
 from .pipeline_gains import bubble_growth
+from .protocol import Analyzer
+from .results import IdleResult
 from .sets import WindowSets, clipped_set, name_matches
 
 ALLOC_CALLS = re.compile(r"^(cudaMalloc(?!Async)|cudaFree(?!Async)|cudaMallocHost|cudaHostAlloc|"
@@ -49,30 +50,9 @@ STALL_GAP_NS = 2_000_000
 INPUT_MIN_SHARE = 0.01
 
 
-@dataclass
-class IdleResult:
-    idle_ns: int = 0
-    gaps: int = 0
-    idle_alloc_ns: int = 0
-    idle_offload_ns: int = 0
-    idle_input_ns: int = 0  # gaps an input copy (host-to-device, not offload) closes or opens
-    idle_sync_ns: int = 0
-    idle_launch_ns: int = 0
-    idle_other_ns: int = 0
-    idle_stall_ns: int = 0  # idle in gaps of at least STALL_GAP_NS (any cause): the host was away
-    alloc_calls: int = 0  # allocator calls in the window
-    alloc_call_ns: int = 0
-    sync_calls: int = 0  # host syncs (and blocking pageable device-to-host copies) in the window
-    sync_call_ns: int = 0
-    device_syncs: int = 0  # of which whole-device syncs (DEVICE_SYNC_CALLS)
-    input_bytes: int = 0  # host-to-device input copies in the window (not offload)
-    input_pageable_bytes: int = 0  # of which from pageable host memory (a blocking copy)
-    input_exposed_ns: int = 0  # input copies nothing hides
-
-
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> IdleResult:
-    CM, X = sets.compute_or_comm, sets.copies
-    busy = iv.union(np.r_[CM[0], X[0]], np.r_[CM[1], X[1]])
+    compute_or_comm, copies = sets.compute_or_comm, sets.copies
+    busy = iv.union(np.r_[compute_or_comm[0], copies[0]], np.r_[compute_or_comm[1], copies[1]])
     gaps = iv.complement(busy, sets.lo, sets.hi)
     length = gaps[1] - gaps[0]
     r = IdleResult(idle_ns=iv.total(gaps), gaps=int(gaps[0].size),
@@ -80,7 +60,7 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> IdleResult:
     off, inp = copy_roles(sets.copy_ops)
     r.input_bytes = int(inp["bytes"].sum())
     r.input_pageable_bytes = int(inp.loc[~inp["pinned"].astype(bool), "bytes"].sum())
-    r.input_exposed_ns = iv.total(iv.subtract(clipped_set(inp, sets.lo, sets.hi), CM))
+    r.input_exposed_ns = iv.total(iv.subtract(clipped_set(inp, sets.lo, sets.hi), compute_or_comm))
     if gaps[0].size:
         _split(r, gpu, gaps, off, inp)
     return r
@@ -148,9 +128,9 @@ def _split(r: IdleResult, gpu: GpuTimeline, gaps: iv.IntervalSet, off: pd.DataFr
     # allocator-bound: an allocator call ran inside the gap or returned just before it.
     # cudaFree (and cudaMalloc on a full caching allocator) synchronise the device, so the
     # whole gap, not only the call's overlap, is time paid for memory.
-    A = iv.union(alloc["start"].to_numpy(), alloc["end"].to_numpy())
+    alloc_calls = iv.union(alloc["start"].to_numpy(), alloc["end"].to_numpy())
     alloc_end = np.sort(alloc["end"].to_numpy())
-    overlap = iv.measure_within(A, a, b) if A[0].size else np.zeros(a.size, np.int64)
+    overlap = iv.measure_within(alloc_calls, a, b) if alloc_calls[0].size else np.zeros(a.size, np.int64)
     alloc_bound = (overlap > 0) | _ended_within(alloc_end, a - SYNC_SLACK_NS, b)
     # offload-bound: the gap opens right after an offload copy finished (the host waited
     # for it, then refilled the queue)
@@ -258,3 +238,8 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
                          "the next kernel was launched after the GPU ran dry"),
             evidence_row("host", "idle, other", mean_per_step_ms(job, lambda a: a.idle.idle_other_ns),
                          "ms/step", "queued work waited on another stream or peer")]
+
+
+ANALYZER = Analyzer(name="idle", about="GPU idle in the window, split by what the host was doing",
+                    per_gpu_field="idle", analyse=analyse, numbers=numbers, facts=facts, evidence=evidence,
+                    gains=GAINS)

@@ -20,13 +20,14 @@ Ranks of one synchronous job share one step, so the step is then agreed across G
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from ..timeline import GpuTimeline
-from .job import Job, evidence_row
+from .job import GpuRecord, Job, evidence_row
+from .protocol import Analyzer
+from .results import WindowResult
 from .sets import WindowSets
 
 DEFAULT_ITERATION_REGEX = (r"^\s*(iteration|iter|step|train_step|training_step|ProfilerStep#|"
@@ -40,19 +41,11 @@ PERIOD_TOL = 0.05  # two periods within this fraction are the same step (run-to-
 MIN_STEADY = 3  # fewer steady steps than this: the window is weak (no spread, warm-up unsure)
 
 
-@dataclass
-class WindowResult:
-    window_ns: int = 0
-    iterations: int = 0  # steady iterations (0 only for an empty window)
-    step_ns: list[int] = field(default_factory=list)  # each steady step, start to next start
-
-
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> WindowResult:
     """The window found by ``detect_iterations`` (run first, per file), as numbers."""
     steady = gpu.steady
     return WindowResult(window_ns=sets.hi - sets.lo, iterations=int(len(steady)),
                         step_ns=(steady["step_end"] - steady["start"]).astype(int).tolist())
-
 
 
 def nvtx_iterations(gpu: GpuTimeline, regex: str) -> pd.DataFrame:
@@ -329,9 +322,7 @@ def adopt_job_step(gpu: GpuTimeline, job: dict, starts: np.ndarray | None) -> No
 # ---------------------------------------------------------------------------------------------
 # job level
 
-GAINS: dict = {}
-
-def window_section(job: Job) -> dict:
+def window_section(job: Job, numbers: dict) -> dict:
     """The Diagnosis ``window``: where iterations came from and the job's step statistics."""
     per_it = [np.asarray(r.analysis.window.step_ns, float) / 1e6 for r in job.records]
     if len({len(p) for p in per_it}) == 1:  # the same iterations on every GPU
@@ -339,7 +330,7 @@ def window_section(job: Job) -> dict:
     else:
         job_steps = max(per_it, key=len)
     gpus = [r.gpu for r in job.records]
-    return dict(source=window_source(job), sources={g.label: g.window_source for g in gpus},
+    return dict(source=window_source(job.records), sources={g.label: g.window_source for g in gpus},
                 iterations=int(np.median([r.iterations for r in job.records])),
                 # mean: the step every share and ms/step refers to (mean over GPUs of their
                 # steady windows); the spread comes from the per-iteration steps
@@ -349,18 +340,18 @@ def window_section(job: Job) -> dict:
                              per_iteration=[round(float(x), 3) for x in job_steps]))
 
 
-def window_source(job: Job) -> str:
+def window_source(records: list[GpuRecord]) -> str:
     """Where the job's step came from: the weakest source a GPU found it by on its own
     (GPUs that took the job's step, ``job``, add none); ``whole`` if any GPU has no step."""
-    own = {r.gpu.window_source for r in job.records} - {"job"}
+    own = {r.gpu.window_source for r in records} - {"job"}
     return sorted(own or {"whole"}, key=SOURCE_PREFERENCE.index)[-1]
 
 
-def missing(job: Job) -> list[str]:
+def missing(job: Job, numbers: dict) -> list[str]:
     """When the window is weak: no step, a step some GPUs did not find, few steps, or ranks
     whose steps disagree."""
     recs = job.records
-    if window_source(job) == "whole":
+    if window_source(recs) == "whole":
         return ["iterations (no NVTX iteration ranges and no periodic kernel pattern: the whole "
                 "capture was diagnosed as one window; a capture shorter than one iteration looks "
                 "like this)"]
@@ -379,13 +370,10 @@ def missing(job: Job) -> list[str]:
     return out
 
 
-def numbers(job: Job) -> dict:
-    return {}
-
-
-def facts(job: Job, numbers: dict) -> dict:
-    return {}
-
-
 def evidence(job: Job, numbers: dict) -> list[dict]:
     return [evidence_row("all", "step time", job.step_ms, "ms", "mean steady-state step")]
+
+
+ANALYZER = Analyzer(name="iterations", about="iterations and the steady window every other analyzer measures over",
+                    per_gpu_field="window", analyse=analyse, evidence=evidence, missing=missing,
+                    section="window", report=window_section)

@@ -1,50 +1,65 @@
-"""What the job-level half of every analyzer reads: one record per GPU and the job context.
+"""What the job-level half of every analyzer reads: the job's stage outputs, frozen.
 
-The facade (``profclass.pipeline``) fills ``Job`` stage by stage: the records after the
-per-GPU analyzers, ``comm`` and ``stragglers`` after the cross-rank ones, ``walls_ns`` and
-``step_ns`` after classify, ``cfg`` after the configuration is derived.
+The facade (``profclass.pipeline``) runs the stages in order, each on the outputs of the
+ones before it, and builds one ``Job`` from all of them; only then are the analyzers' job
+halves (numbers, facts, evidence, missing notes, report sections) called on it:
+
+    records (per GPU, from the per-file stage) -> layout -> comm -> pipeline
+        -> walls (classify) -> stragglers -> cfg (configuration)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from . import GpuAnalysis
-    from .communication import CommAnalysis, RankComm
+from ..config import run_flags
+from ..verdict import JobWalls
+from .layout import Layout
+from .results import CommAnalysis, GpuAnalysis, PipelineResult, RankComm
 
 
-@dataclass
+@dataclass(frozen=True)
 class GpuRecord:
-    """One GPU: its timeline (or per-rank summary) and what the analyzers found on it."""
+    """One GPU: its timeline (or per-rank summary) and what the per-GPU analyzers found on it."""
 
     gpu: Any  # GpuTimeline, or the per-rank GpuSummary standing in for it
     analysis: GpuAnalysis
     iterations: int  # steady iterations, at least 1 (every per-step figure divides by it)
-    comm: RankComm | None = None  # wait/transfer against its peers (communication analyzer)
-    walls_ns: dict[str, int] = field(default_factory=dict)  # classify: ns of the window per wall
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
-    records: list[GpuRecord]
-    comm: CommAnalysis | None = None
-    stragglers: list[dict] = field(default_factory=list)
-    walls_ns: dict[str, float] = field(default_factory=dict)  # job ns per step per wall
-    step_ns: float = 0.0  # mean steady step over GPUs
-    cfg: dict = field(default_factory=dict)
-    layout: Any = None  # layout.Layout: sizes and group membership (before the cross-rank analyzers)
-    members: list = field(default_factory=list)  # per GPU: group -> member ranks (comm_groups)
-    comm_kernels: list = field(default_factory=list)  # per GPU: its NCCL kernels with their group
-    pipeline: Any = None  # pipeline_bubbles.PipelineResult
-    # the verdict without the estimated waiting for ranks outside the profile, where it differs
-    unseen_reading: str | None = None
+    """Every job-level stage's output: what the analyzers' job halves take as their argument."""
+
+    records: tuple[GpuRecord, ...]
+    layout: Layout  # sizes and group membership (layout stage)
+    comm: CommAnalysis  # collectives matched across ranks (communication stage)
+    pipeline: PipelineResult  # PP bubble and stage imbalance (pipeline stage)
+    walls: JobWalls  # ns per wall per GPU and for the job, the verdict (classify)
+    stragglers: list[dict]  # the Diagnosis ``stragglers`` rows (stragglers.straggler_rows)
+    cfg: dict  # the Diagnosis ``config`` section (config.derive)
+
+    @property
+    def step_ns(self) -> float:
+        return self.walls.step_ns  # mean steady step over GPUs
 
     @property
     def step_ms(self) -> float:
         return self.step_ns / 1e6
+
+    @property
+    def walls_ns(self) -> dict[str, float]:
+        return self.walls.job_ns  # job ns per step per wall
+
+    @property
+    def flags(self) -> dict:
+        return run_flags(self.cfg)
+
+    def rank_comm(self, j: int) -> RankComm:
+        """GPU j's wait/transfer against its peers (the communication stage)."""
+        return self.comm.ranks[j]
 
 
 def mean_per_step_ms(job: Job, value: Callable[[GpuAnalysis], float]) -> float:

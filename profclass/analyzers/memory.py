@@ -5,18 +5,17 @@ module adds what runs on the GPU for memory's sake and reports all of it as the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
 from .. import intervals as iv
-from ..config import run_flags
 from ..timeline import GpuTimeline
 from .gainmodel import Gain, gain, removed, share_of
 from .idle import copy_roles
 from .job import Job, evidence_row, mean_per_step_ms
+from .protocol import Analyzer
 from .recompute import recomputed_spans
+from .results import MemoryResult
 from .sets import WindowSets, clipped_set
 
 OFFLOAD_MIN_SHARE = 0.01  # offload copies and their waits above this share of the step
@@ -26,27 +25,9 @@ OFFLOAD_MIN_SHARE = 0.01  # offload copies and their waits above this share of t
 # outside the pool (CUDA context, NCCL and cuBLAS workspaces: 1-3 GiB) take, so keeping the
 # activations that recompute drops would run out of memory. docs/classification.md
 NEAR_CAPACITY = 0.8
-# recompute charged to memory above this share of the step makes memory the verdict: above
-# the 5-10% run-to-run noise of a step, so what memory costs is measurable
-MEMORY_BOUND_MIN_SHARE = 0.10
 # extra forward passes per backward below this are no recompute: one pair kernel used outside
 # the layers (the loss's softmax) in a 20-layer model gives ~0.05
 MIN_RECOMPUTE_RATIO = 0.05
-
-
-@dataclass
-class MemoryResult:
-    recompute_ratio: float = 0.0  # extra forward passes per backward pass
-    pair_fwd_ns: int = 0  # forward kernels that have a backward partner
-    recompute_ns: int = 0  # measured when recompute_measured_ns is known, else the ratio estimate
-    recompute_measured_ns: int | None = None  # recomputed-forward spans; None: no backward seen
-    recompute_compute_ns: int = 0  # of the measured spans: compute kernels
-    recompute_comm_ns: int = 0  # communication no compute hides (the re-run dispatch)
-    recompute_idle_ns: int = 0  # GPU idle between the recomputed kernels (launch gaps)
-    offload_bytes: int = 0
-    offload_exposed_ns: int = 0  # offload copies nothing hides
-    peak_memory_bytes: int | None = None
-    total_memory_bytes: int | None = None
 
 
 def recompute_ratio(ops: pd.DataFrame) -> float:
@@ -94,12 +75,12 @@ def _measure_recompute(r: MemoryResult, gpu: GpuTimeline, sets: WindowSets) -> N
         # pipeline's later micro-batch forwards between backwards look like recompute)
         r.recompute_measured_ns = 0
     else:
-        R = iv.clip(recomputed_spans(comp), sets.lo, sets.hi)
-        r.recompute_measured_ns = r.recompute_ns = iv.total(R)
-        r.recompute_compute_ns = iv.total(iv.intersect(R, sets.compute))
-        r.recompute_comm_ns = iv.total(iv.intersect(iv.subtract(R, sets.compute), sets.comm))
+        recomputed = iv.clip(recomputed_spans(comp), sets.lo, sets.hi)
+        r.recompute_measured_ns = r.recompute_ns = iv.total(recomputed)
+        r.recompute_compute_ns = iv.total(iv.intersect(recomputed, sets.compute))
+        r.recompute_comm_ns = iv.total(iv.intersect(iv.subtract(recomputed, sets.compute), sets.comm))
         busy = iv.union(np.r_[sets.compute_or_comm[0], sets.copies[0]], np.r_[sets.compute_or_comm[1], sets.copies[1]])
-        r.recompute_idle_ns = iv.total(iv.subtract(R, busy))
+        r.recompute_idle_ns = iv.total(iv.subtract(recomputed, busy))
 
 
 def _estimate_recompute(r: MemoryResult, sets: WindowSets) -> None:
@@ -144,12 +125,6 @@ def _footprint(gpu, prof) -> tuple[int | None, int | None]:
 def charged_recompute_ms(job: Job) -> float:
     """Recompute time the memory wall took (ms per step, mean over GPUs)."""
     return mean_per_step_ms(job, lambda a: sum(charged_recompute(a.memory).values()))
-
-
-def memory_bound(job: Job) -> bool:
-    """The seeds' memory wall: the job recomputes because its cards are near capacity, and
-    that recompute costs a measurable share of the step (needs ``job.step_ns``)."""
-    return bool(job.step_ns) and charged_recompute_ms(job) >= MEMORY_BOUND_MIN_SHARE * job.step_ms
 
 
 # gain models (ms per step) from the job numbers; see docs/fixes.md
@@ -205,6 +180,13 @@ def peak_share(job: Job) -> float | None:
     return max(peaks) if peaks else None
 
 
+def largest_peak(job: Job) -> tuple[int | None, int | None]:
+    """The largest peak footprint over GPUs and its card's memory (bytes; None when unknown)."""
+    peaks = [(m.peak_memory_bytes, m.total_memory_bytes) for m in (r.analysis.memory for r in job.records)
+             if m.peak_memory_bytes]
+    return max(peaks) if peaks else (None, None)
+
+
 def headroom_note(share: float) -> str:
     return f"peak GPU memory {100 * share:.0f}% of capacity (CUDA_GPU_MEMORY_USAGE_EVENTS)"
 
@@ -229,7 +211,7 @@ OFFLOAD_FLAGS = ("--cpu-offloading", "--optimizer-cpu-offload", "--cpu-offloadin
 
 
 def facts(job: Job, numbers: dict) -> dict:
-    flags = run_flags(job.cfg)
+    flags = job.flags
     return dict(alloc_in_steady=numbers["idle_alloc_ms"] > 0,
                 offload=(numbers["offload_ms"] > OFFLOAD_MIN_SHARE * job.step_ms
                          or (numbers["offload_ms"] > 0 and any(f in flags for f in OFFLOAD_FLAGS))))
@@ -249,10 +231,8 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
                        f"{alloc_calls:.1f} cudaMalloc/cudaFree-type calls per step"),
           evidence_row("memory", "offload copies (exposed) and their waits", numbers["offload_ms"], "ms/step",
                        f"{offload_mib:.1f} MiB host<->device per step")]
-    peaks = [(m.peak_memory_bytes, m.total_memory_bytes) for m in (r.analysis.memory for r in recs)
-             if m.peak_memory_bytes]
-    if peaks:
-        peak, total = max(peaks)
+    peak, total = largest_peak(job)
+    if peak is not None:
         ev.append(evidence_row("memory", "peak GPU memory", peak / 2**30, "GiB",
                                f"of {total / 2**30:.0f} GiB ({100 * peak / total:.0f}%)" if total else "capacity unknown"))
     return ev
@@ -261,8 +241,7 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
 def section(job: Job, numbers: dict) -> dict:
     """The Diagnosis ``memory`` object: recompute mode and cost, footprint, offload, allocator."""
     recs = [r.analysis.memory for r in job.records]
-    peaks = [(m.peak_memory_bytes, m.total_memory_bytes) for m in recs if m.peak_memory_bytes]
-    peak, total = max(peaks) if peaks else (None, None)
+    peak, total = largest_peak(job)
     if total is None:
         totals = [m.total_memory_bytes for m in recs if m.total_memory_bytes]
         total = max(totals) if totals else None
@@ -275,6 +254,11 @@ def section(job: Job, numbers: dict) -> dict:
         peak_gib=None if peak is None else round(peak / 2**30, 2),
         capacity_gib=None if total is None else round(total / 2**30, 2),
         near_capacity=any(near) if near else None,
-        memory_bound=memory_bound(job),
+        memory_bound=job.walls.memory_bound,
         offload_ms_per_step=round(numbers["offload_ms"], 3),
         allocator_idle_ms_per_step=round(numbers["idle_alloc_ms"], 3))
+
+
+ANALYZER = Analyzer(name="memory", about="time paid to fit in memory: recompute, offload, the footprint",
+                    per_gpu_field="memory", analyse=analyse, numbers=numbers, facts=facts, evidence=evidence,
+                    section="memory", report=section, gains=GAINS)

@@ -15,79 +15,62 @@ output layer and loss that the layer split did not account for.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 import numpy as np
 
 from .. import intervals as iv
-from .job import Job, evidence_row
+from .job import GpuRecord, Job, evidence_row
+from .layout import Layout
+from .protocol import Analyzer
+from .results import CommAnalysis, PipelineResult
 
 # stage imbalance below this share of the step is run-to-run noise (captures of one config
 # differ by 5-10% of the step: fixtures/corpus.toml); above it, it is named
 IMBALANCE_MIN = 0.05
 
 
-@dataclass
-class PipelineResult:
-    stages: int | None = None
-    virtual_stages: int | None = None
-    microbatches: int | None = None
-    bubble_ms_per_step: float | None = None
-    bubble_share: float | None = None
-    theory_share: float | None = None
-    slowest_stage: int | None = None
-    stage_imbalance_ms: float | None = None
-    imbalance_at_end_stage: bool = False  # the slowest stage is the first or the last
-    per_stage: list = field(default_factory=list)  # {stage, rank, busy_ms, bubble_ms, idle_ms}
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+def _stage_of(rank: int, groups: dict) -> int | None:
+    pp = groups.get("PP")
+    return pp.index(rank) if pp else None
 
 
-def _stage_of(job: Job, j: int) -> int | None:
-    pp = job.members[j].get("PP") if job.members else None
-    return pp.index(job.records[j].gpu.rank) if pp else None
-
-
-def _per_rank(job: Job, j: int) -> dict:
-    rec, k = job.records[j], job.comm_kernels[j]
+def _per_rank(rec: GpuRecord, kernels, groups: dict) -> dict:
+    """One rank's busy time, PP bubble and idle, ms per step (``kernels``: its communication
+    kernels with their group; ``groups``: its group -> member ranks)."""
     lo, hi = rec.gpu.window
-    is_pp = (k["group"] == "PP").to_numpy()
-    others = iv.union(k["start"].to_numpy()[~is_pp], k["end"].to_numpy()[~is_pp])
+    is_pp = (kernels["group"] == "PP").to_numpy()
+    others = iv.union(kernels["start"].to_numpy()[~is_pp], kernels["end"].to_numpy()[~is_pp])
     compute = rec.gpu.compute
     busy = iv.clip(iv.union(np.r_[compute[0], others[0]], np.r_[compute[1], others[1]]), lo, hi)
-    pp = iv.clip(iv.union(k["start"].to_numpy()[is_pp], k["end"].to_numpy()[is_pp]), lo, hi)
+    pp = iv.clip(iv.union(kernels["start"].to_numpy()[is_pp], kernels["end"].to_numpy()[is_pp]), lo, hi)
     its = rec.iterations
     blocked = iv.total(iv.subtract(pp, busy))
-    return dict(stage=_stage_of(job, j), rank=rec.gpu.rank, busy_ms=round(iv.total(busy) / its / 1e6, 3),
-                bubble_ms=round(blocked / its / 1e6, 3),
+    return dict(stage=_stage_of(rec.gpu.rank, groups), rank=rec.gpu.rank,
+                busy_ms=round(iv.total(busy) / its / 1e6, 3), bubble_ms=round(blocked / its / 1e6, 3),
                 idle_ms=round(((hi - lo) - iv.total(busy) - blocked) / its / 1e6, 3))
 
 
-def measure(job: Job) -> PipelineResult:
-    """The pipeline section; empty (stages None or 1) without pipeline parallelism."""
-    lay = job.layout
+def measure(records: list[GpuRecord], lay: Layout, comm: CommAnalysis) -> PipelineResult:
+    """The pipeline stage: the pipeline section; empty (stages None or 1) without pipeline parallelism."""
     p = lay.size("pp") if lay else None
-    r = PipelineResult(stages=p, virtual_stages=lay.size("vpp") if lay else None,
-                       microbatches=lay.size("microbatches") if lay else None)
-    if r.stages and r.virtual_stages and r.microbatches and r.stages > 1:
-        r.theory_share = round((p - 1) / (r.virtual_stages * r.microbatches + p - 1), 4)
-    if not p or p < 2 or not job.comm_kernels:
-        return r
-    rows = [_per_rank(job, j) for j in range(len(job.records))]
-    step = float(np.mean([rec.analysis.window.window_ns / rec.iterations for rec in job.records])) / 1e6
-    r.per_stage = sorted(rows, key=lambda x: (x["stage"] is None, x["stage"], x["rank"]))
-    r.bubble_ms_per_step = round(float(np.mean([x["bubble_ms"] for x in rows])), 3)
-    r.bubble_share = round(r.bubble_ms_per_step / step, 4) if step else None
+    sizes = dict(stages=p, virtual_stages=lay.size("vpp") if lay else None,
+                 microbatches=lay.size("microbatches") if lay else None)
+    if p and sizes["virtual_stages"] and sizes["microbatches"] and p > 1:
+        sizes["theory_share"] = round((p - 1) / (sizes["virtual_stages"] * sizes["microbatches"] + p - 1), 4)
+    if not p or p < 2 or not comm.kernels:
+        return PipelineResult(**sizes)
+    rows = [_per_rank(rec, kernels, groups) for rec, kernels, groups in zip(records, comm.kernels, comm.members)]
+    step = float(np.mean([rec.analysis.window.window_ns / rec.iterations for rec in records])) / 1e6
+    bubble = round(float(np.mean([x["bubble_ms"] for x in rows])), 3)
     busy = {}
     for x in rows:  # a stage's busy time: the mean over its ranks (TP/DP/EP replicas)
         busy.setdefault(x["stage"], []).append(x["busy_ms"])
     stage_busy = {s: float(np.mean(v)) for s, v in busy.items()}
     if len(stage_busy) > 1 and None not in stage_busy:
-        r.slowest_stage = max(stage_busy, key=stage_busy.get)
-        r.stage_imbalance_ms = round(stage_busy[r.slowest_stage] - float(np.mean(list(stage_busy.values()))), 3)
-        r.imbalance_at_end_stage = r.slowest_stage in (0, p - 1)
-    return r
+        slowest = max(stage_busy, key=stage_busy.get)
+        sizes.update(slowest_stage=slowest, imbalance_at_end_stage=slowest in (0, p - 1),
+                     stage_imbalance_ms=round(stage_busy[slowest] - float(np.mean(list(stage_busy.values()))), 3))
+    return PipelineResult(**sizes, per_stage=sorted(rows, key=lambda x: (x["stage"] is None, x["stage"], x["rank"])),
+                          bubble_ms_per_step=bubble, bubble_share=round(bubble / step, 4) if step else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,3 +115,8 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
         ev.append(evidence_row("communication", "pipeline stage imbalance", r.stage_imbalance_ms, "ms/step",
                                f"stage {r.slowest_stage} busiest ({where}); the others wait for it"))
     return ev
+
+
+ANALYZER = Analyzer(name="pipeline_bubbles", about="the pipeline (PP) bubble and stage imbalance",
+                    numbers=numbers, facts=facts, evidence=evidence, section="pipeline",
+                    report=lambda job, numbers: job.pipeline.to_dict(), gains=GAINS)

@@ -17,12 +17,13 @@ per thread, summed.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..timeline import GpuTimeline
 from .job import Job, evidence_row, mean_per_step_ms
+from .protocol import Analyzer
+from .results import ProfilerResult
 from .sets import WindowSets, contains_per_distinct
 
 # emit_nvtx / record_function op ranges: ATen ops, autograd nodes, their seq/sizes payloads
@@ -32,14 +33,6 @@ MIN_RANGES_PER_THREAD = 100  # fewer transitions give no stable quantile
 # inflation at or above this share of the step is reported: below the 1% a timer can resolve
 # over a few steps, the capture's own cost is noise
 PROFILER_MIN_SHARE = 0.01
-
-
-@dataclass
-class ProfilerResult:
-    op_ranges: int = 0  # emit_nvtx-style op ranges in the window
-    nvtx_ranges: int = 0  # all NVTX ranges of the process in the window
-    op_range_cost_ns: int | None = None  # measured per-range host cost; None: too few ranges
-    profiler_inflation_ns: int = 0  # host time the op ranges add over the window
 
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ProfilerResult:
@@ -96,3 +89,8 @@ def missing(job: Job, numbers: dict) -> list[str]:
             f"({numbers['profiler_op_ranges_per_step']:.0f} per step) add about "
             f"{numbers['profiler_inflation_ms']:.0f} ms/step of host work the job does not have "
             f"without them; capture again without emit_nvtx to see the real host wall"]
+
+
+ANALYZER = Analyzer(name="profiler", about="host time the capture's own per-op NVTX ranges add",
+                    per_gpu_field="profiler", analyse=analyse, numbers=numbers, facts=facts, evidence=evidence,
+                    missing=missing, gains=GAINS)

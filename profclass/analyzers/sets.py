@@ -1,10 +1,11 @@
 """What several analyzers measure against: one GPU's ops inside the steady-state window W and
 their interval sets (see ``profclass.intervals``), built once per GPU.
 
-C = compute kernels, M = communication kernels (NCCL, DeepEP, HybridEP, NVSHMEM, peer
-copies), X = other copies and memsets; busy = C | M | X and idle = W - busy, so
+``compute`` = compute kernels, ``comm`` = communication kernels (NCCL, DeepEP, HybridEP,
+NVSHMEM, peer copies), ``copies`` = other copies and memsets, all clipped to the window W;
+busy = compute | comm | copies and idle = W - busy, so
 
-    |W| = |C| + |M - C| + |X - C - M| + idle
+    |W| = |compute| + |comm - compute| + |copies - compute - comm| + idle
 """
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ class WindowSets:
     compute_ops: pd.DataFrame  # COMPUTE_COLUMNS
     comm_ops: pd.DataFrame  # COMM_COLUMNS
     copy_ops: pd.DataFrame  # copies and memsets that are not communication (COPY_COLUMNS)
-    compute: iv.IntervalSet  # C, clipped to W
-    comm: iv.IntervalSet  # M
-    copies: iv.IntervalSet  # X
-    compute_or_comm: iv.IntervalSet  # C | M
+    compute: iv.IntervalSet  # compute kernels, clipped to W
+    comm: iv.IntervalSet  # communication kernels
+    copies: iv.IntervalSet  # other copies and memsets
+    compute_or_comm: iv.IntervalSet  # compute | comm
 
 
 def clipped_set(df: pd.DataFrame, lo: int, hi: int) -> iv.IntervalSet:
@@ -57,10 +58,10 @@ def window_sets(gpu: GpuTimeline) -> WindowSets:
     comp = o.loc[kern_rows & ~is_comm, COMPUTE_COLUMNS]
     comm = o.loc[in_w & is_comm, COMM_COLUMNS]
     copies = o.loc[in_w & ~is_kernel & ~is_comm, COPY_COLUMNS]
-    C, M = clipped_set(comp, lo, hi), clipped_set(comm, lo, hi)
+    compute, comm_set = clipped_set(comp, lo, hi), clipped_set(comm, lo, hi)
     return WindowSets(lo=lo, hi=hi, kernels=kern, compute_ops=comp, comm_ops=comm, copy_ops=copies,
-                      compute=C, comm=M, copies=clipped_set(copies, lo, hi),
-                      compute_or_comm=iv.union(np.r_[C[0], M[0]], np.r_[C[1], M[1]]))
+                      compute=compute, comm=comm_set, copies=clipped_set(copies, lo, hi),
+                      compute_or_comm=iv.union(np.r_[compute[0], comm_set[0]], np.r_[compute[1], comm_set[1]]))
 
 
 def _per_distinct(values: pd.Series, test) -> np.ndarray:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from .gainmodel import Gain, gain
-from .job import Job, evidence_row
+from .job import GpuRecord, Job, evidence_row
+from .layout import Layout
+from .protocol import Analyzer
+from .results import RankComm
 
 STRAGGLER_BLAME_SHARE = 0.5  # a straggler causes at least half of all blamed delay...
 # ...costs at least this share of the step (corpus: balanced runs 5-10%, stragglers >= 22%)...
@@ -20,12 +23,11 @@ STRAGGLER_MIN_WAIT = 0.05  # ...and the others wait at least this share of the s
 REASON_OF_WALL = {"compute": "imbalance", "host": "host", "memory": "memory"}
 
 
-def find(job: Job) -> list[dict]:
+def find(recs: list[GpuRecord], comms: tuple[RankComm, ...]) -> list[dict]:
     """Blamed ranks, most blamed first: gpu (record index), blame_ms_per_step, blame_share,
-    others_wait_ms_per_step. Needs the communication analyzer's ``rec.comm``."""
-    recs = job.records
+    others_wait_ms_per_step. ``comms``: each GPU's ``RankComm`` (the communication stage)."""
     its = [r.iterations for r in recs]
-    blame = np.array([r.comm.blame_ns / it for r, it in zip(recs, its)], dtype=float)
+    blame = np.array([c.blame_ns / it for c, it in zip(comms, its)], dtype=float)
     total = blame.sum()
     if total <= 0:
         return []
@@ -35,7 +37,7 @@ def find(job: Job) -> list[dict]:
     for j in np.argsort(-blame):
         share = blame[j] / total
         others = [k for k in range(len(recs)) if k != j]
-        waited = np.mean([recs[k].comm.exposed_wait_ns / its[k] for k in others]) if others else 0
+        waited = np.mean([comms[k].exposed_wait_ns / its[k] for k in others]) if others else 0
         if (share >= STRAGGLER_BLAME_SHARE and blame[j] >= STRAGGLER_MIN_COST * step
                 and waited >= STRAGGLER_MIN_WAIT * step):
             out.append(dict(gpu=int(j), blame_ms_per_step=round(blame[j] / 1e6, 3),
@@ -44,45 +46,46 @@ def find(job: Job) -> list[dict]:
     return out
 
 
-def straggler_rows(job: Job, blamed: list[dict], late_walls: list[tuple[str, float]]) -> list[dict]:
+def straggler_rows(recs: list[GpuRecord], lay: Layout, blamed: list[dict],
+                   late_walls: tuple[tuple[str, float], ...]) -> list[dict]:
     """The Diagnosis ``stragglers``; ``late_walls`` is classify's (wall, excess ns per step)
     of each blamed rank."""
     rows = []
     for s, (wall, excess) in zip(blamed, late_walls):
-        g = job.records[s["gpu"]].gpu
-        rows.append(dict(pid=g.pid, device=g.device, rank=g.rank, reason=_reason(job, s["gpu"], wall),
-                         detail=_detail(job, s["gpu"], wall, excess),
+        g = recs[s["gpu"]].gpu
+        rows.append(dict(pid=g.pid, device=g.device, rank=g.rank, reason=_reason(recs, lay, s["gpu"], wall),
+                         detail=_detail(recs, s["gpu"], wall, excess),
                          cost_ms_per_step=s["blame_ms_per_step"],
                          others_wait_ms_per_step=s["others_wait_ms_per_step"],
                          blame_share=s["blame_share"]))
     return rows
 
 
-def _reason(job: Job, j: int, wall: str) -> str:
+def _reason(recs: list[GpuRecord], lay: Layout, j: int, wall: str) -> str:
     """The wall's reason; a compute straggler is an expert *routing* imbalance only where
     experts are split over ranks (EP > 1, or EP unknown) and most of its extra compute is
     GEMMs (the experts' work), else a slower rank ("compute": a different stage, a slower GPU)."""
     reason = REASON_OF_WALL[wall]
     if reason != "imbalance":
         return reason
-    me, others = job.records[j], [r for k, r in enumerate(job.records) if k != j]
+    me, others = recs[j], [r for k, r in enumerate(recs) if k != j]
     extra = me.analysis.compute.compute_ns / me.iterations - \
         float(np.median([r.analysis.compute.compute_ns / r.iterations for r in others]))
     extra_gemm = me.analysis.compute.gemm_ns / me.iterations - \
         float(np.median([r.analysis.compute.gemm_ns / r.iterations for r in others]))
     in_gemms = extra <= 0 or extra_gemm >= 0.5 * extra
-    return "imbalance" if _experts_split(job) and in_gemms else "compute"
+    return "imbalance" if _experts_split(lay) and in_gemms else "compute"
 
 
-def _experts_split(job: Job) -> bool:
+def _experts_split(lay: Layout) -> bool:
     """Whether experts may be split over ranks: EP > 1, or EP unknown."""
-    ep = job.layout.size("ep") if job.layout is not None else None
+    ep = lay.size("ep") if lay is not None else None
     return ep is None or ep > 1
 
 
-def _detail(job: Job, j: int, wall: str, excess: float) -> str:
-    me = job.records[j]
-    others = [r for k, r in enumerate(job.records) if k != j]
+def _detail(recs: list[GpuRecord], j: int, wall: str, excess: float) -> str:
+    me = recs[j]
+    others = [r for k, r in enumerate(recs) if k != j]
     if wall == "compute":
         med_gemm = float(np.median([r.analysis.compute.gemm_ns / r.iterations for r in others]))
         return (f"{excess / 1e6:.1f} ms/step more compute than its peers' median, "
@@ -142,14 +145,14 @@ def numbers(job: Job) -> dict:
                 straggler_reason=job.stragglers[0]["reason"] if job.stragglers else None)
 
 
-# a moving routing imbalance worth a fix: the EP work spread (communication.work_imbalance_ms)
+# a moving routing imbalance worth a fix: the EP work spread (matching.work_imbalance_ms)
 # above this share of the step; balanced-routing runs measure 0.1-0.2% (docs/fixes.md)
 ROUTING_IMBALANCE_MIN = 0.01
 
 
 def facts(job: Job, numbers: dict) -> dict:
     reason = numbers["straggler_reason"]
-    moving = (reason is None and _experts_split(job)
+    moving = (reason is None and _experts_split(job.layout)
               and numbers.get("ep_work_imbalance_ms", 0.0) >= ROUTING_IMBALANCE_MIN * job.step_ms)
     return dict(straggler_reason=reason, routing_imbalanced=reason == "imbalance" or moving)
 
@@ -160,3 +163,8 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
         return []
     return [evidence_row("compute", "EP work imbalance", spread, "ms/step",
                          "the busiest EP rank's compute over the mean between EP collectives (routing load)")]
+
+
+ANALYZER = Analyzer(name="stragglers", about="the ranks the others wait for, and why they are late",
+                    numbers=numbers, facts=facts, evidence=evidence, section="stragglers",
+                    report=lambda job, numbers: job.stragglers, gains=GAINS)

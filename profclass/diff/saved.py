@@ -9,7 +9,7 @@ from dataclasses import MISSING, fields
 
 from ..contract import check_readable
 from ..errors import ProfileError
-from ..pipeline import Diagnosis
+from ..pipeline import Diagnosis, NotInJson
 from ..pipeline import diagnose as _diagnose
 
 
@@ -32,9 +32,9 @@ def load_saved(path: str) -> Diagnosis:
     if not doc.get("kernels"):
         raise ProfileError(path, "stored diagnosis has no per-kernel table (written by an older profclass); "
                                  "diff the profile itself")
-    d = Diagnosis(**{k: v for k, v in doc.items() if k in names})
-    d.saved_from = (path, version, doc.get("profclass_version"))  # for the notes (profclass.contract)
-    return d
+    # saved_from: for the notes (profclass.contract)
+    return Diagnosis(**{k: v for k, v in doc.items() if k in names and k != "extra"},
+                     extra=NotInJson(saved_from=(path, version, doc.get("profclass_version"))))
 
 
 def as_diagnosis(side, iteration_regex: str | None) -> Diagnosis:

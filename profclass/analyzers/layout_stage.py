@@ -1,0 +1,44 @@
+"""The layout stage (the job's parallel layout, from the command line or the traffic) and the
+layout analyzer's job half (its fact, missing notes and the ``layout`` section). ``layout``
+and ``layout_infer`` hold the rules; this module runs them over the job's per-GPU summaries."""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..config import parse_flags
+from ..timeline import comm_kernels
+from . import layout, layout_infer
+from .job import Job
+from .protocol import Analyzer
+
+
+def job_layout(profiles, gpus) -> layout.Layout:
+    """The layout from the command line, else (TP, PP, EP) from the traffic."""
+    command = [a for p in profiles for a in p.command]
+    env = {k: v for p in profiles for k, v in p.env.items()}
+    lay = layout.build(parse_flags(command), command, env, len(gpus))
+    per_report = max(Counter(g.source for g in gpus).values(), default=0)
+    if lay.gpus_per_node is None and per_report > 1:
+        lay.gpus_per_node = per_report  # one nsys report is one host: its GPUs share a node
+    comm = [comm_kernels(g) for g in gpus]
+    # kernels per SendRecv kernel over the whole capture: one program's shape, whatever the
+    # steps each GPU's window holds (ranks' windows may differ; their captures do not)
+    shape = [g.kernels_total / max(int((k["collective"] == "all_to_all").sum()), 1) for g, k in zip(gpus, comm)]
+    aggs = [g.kernel_agg for g in gpus]
+    gemms = [int(a.loc[a["is_gemm"].astype(bool), "count"].sum()) if a is not None else 0 for a in aggs]
+    moe_router = any(a is not None and a["full_name"].str.contains(layout_infer.MOE_ROUTER).any() for a in aggs)
+    layout_infer.infer(lay, comm, [g.rank for g in gpus], shape,
+                       windows=[g.window for g in gpus], gemms=gemms, moe_router=moe_router)
+    return lay
+
+
+def facts(job: Job, numbers: dict) -> dict:
+    """``ep`` from the layout where it knows whether experts are split over ranks (it then
+    overrides the configuration's)."""
+    ep = job.layout.size("ep")
+    return {"ep": ep > 1} if ep else {}
+
+
+ANALYZER = Analyzer(name="layout", about="the parallel layout: group sizes, their sources, group membership",
+                    facts=facts, missing=lambda job, numbers: layout.missing(job), section="layout",
+                    report=lambda job, numbers: job.layout.to_dict())
