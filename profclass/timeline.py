@@ -126,8 +126,14 @@ def build_ops(prof: RawProfile) -> pd.DataFrame:
     order = np.lexsort((num["end"], num["start"]))  # stable: ties keep kernels, copies, sets order
     num["launch_start"], num["launch_end"] = launch_start, launch_end
     strs["name"], strs["full_name"] = names, full_names
+    return _in_order(order, num, later, flags, strs)
+
+
+def _in_order(order: np.ndarray, num: dict, later: dict, flags: dict, strs: dict) -> pd.DataFrame:
+    """The ops frame of ``OPS_COLUMNS``, rows in ``order``: ``num`` and ``flags`` hold arrays,
+    ``later`` functions that stack one, ``strs`` (values, codes) parts (``_categorical``).
+    Each column is put in order and its unordered parts dropped before the next one."""
     cols = {}
-    # each column is put in order and its unordered parts dropped before the next one
     for c in OPS_COLUMNS:
         if c in num:
             cols[c] = num.pop(c)[order]
