@@ -58,8 +58,9 @@ def shift_timeline(g: GpuTimeline, off: int) -> None:
     on_shift = getattr(g, "on_shift", None)  # a per-rank summary moves its window and sets too
     if on_shift is not None:
         on_shift(off)
-    for df, cols in ((g.ops, ("start", "end")), (g.runtime, ("start", "end")), (g.nvtx, ("start", "end"))):
-        for c in cols:
+    # a per-rank summary keeps no API calls or NVTX ranges (ranks.GpuSummary)
+    for df in (g.ops, g.runtime, g.nvtx) if isinstance(g, GpuTimeline) else (g.ops,):
+        for c in ("start", "end"):
             df[c] = df[c] + off
     for c in ("launch_start", "launch_end"):
         g.ops[c] = np.where(g.ops[c] >= 0, g.ops[c] + off, -1)

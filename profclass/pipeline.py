@@ -171,7 +171,6 @@ def _agree_across_files(summaries, files, regex, keep_timelines):
     shadow = [copy(g) for g in gpus]
     for sh in shadow:
         sh.timeline, sh.ops = None, sh.ops.copy()
-        sh.runtime, sh.nvtx = sh.runtime.copy(), sh.nvtx.copy()
     align_clocks(shadow, {i: fs.meta.session_start_ns for i, fs in enumerate(summaries)})
     ref = iterations.reference_starts([sh for sh, g in zip(shadow, gpus) if g not in redo], job)
     forced: dict[int, dict] = {}

@@ -62,7 +62,7 @@ class ProfileMeta:
 class GpuSummary:
     """One GPU after the per-file stages; stands in for a ``GpuTimeline`` in the cross-rank steps.
 
-    ``ops`` holds only the communication kernels; ``runtime`` and ``nvtx`` are empty.
+    ``ops`` holds only the communication kernels; no API calls or NVTX ranges are kept.
     """
 
     source: int
@@ -84,8 +84,6 @@ class GpuSummary:
     boundary_gaps: tuple = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     step: dict = field(default_factory=dict)  # iterations.step_info, found on this GPU alone
     shift_ns: int = 0  # total clock shift applied (own clock = shared clock - shift_ns)
-    runtime: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"start": [], "end": []}))
-    nvtx: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"start": [], "end": []}))
     # the full timeline, only when it stays in this process (diagnose(keep_timelines=True))
     timeline: GpuTimeline | None = None
 
