@@ -12,13 +12,14 @@ Per GPU, over the window (``docs/classification.md`` has the derivation):
 
 The four add up to the window. Job level: when a straggler exists, the time other ranks
 spend *waiting* for it is moved from communication to the straggler's own wall (the wall in
-which it spends more than its peers), the job's walls are the mean over GPUs, and the
-verdict is the straggler's wall with communication as runner-up (the job is as slow as its
-slowest rank).
+which it spends more than its peers), and the job's walls are the mean over GPUs.
 
 Verdict: each wall's share is divided by its calibrated threshold (``data/calibration.toml``,
-fitted on the labelled corpus by ``bench/calibrate.py``); the largest score wins, the second
-is the runner-up. ``confidence`` is the probability that the winner's margin over the
+fitted on the independent labels of the corpus by ``bench/calibrate.py``); the largest score
+wins, the second is the runner-up. The rules (a straggler, the memory-bound job) only count
+their evidence in the wall it names; they never override a larger score, so a verdict is never
+less likely than its runner-up. ``Verdict.rule`` names the rule when the wall it fed is the
+verdict, ``rule_note`` says why a rule that found its evidence did not decide. ``confidence`` is the probability that the winner's margin over the
 runner-up is real given how well the window measured it (``confidence``; the derivation and
 its constants are in ``docs/classification.md``).
 """
@@ -46,7 +47,7 @@ WHOLE_CAPTURE_CAP = 0.5  # a whole-capture window is not shown to be the steady 
 # a verdict that holds if a lone rank's collective time is transfer and not if part of it is
 # waiting for ranks outside the profile: nothing in the profile weighs the two readings
 UNSEEN_PEERS_CAP = 0.5
-# recompute charged to memory above this share of the step makes memory the verdict: above
+# recompute charged to memory above this share of the step makes the job memory-bound: above
 # the 5-10% run-to-run noise of a step, so what memory costs is measurable
 MEMORY_BOUND_MIN_SHARE = 0.10
 
@@ -79,15 +80,18 @@ def decide(shares: dict[str, float], thresholds: dict[str, float]) -> Verdict:
                    scores={w: round(v, 3) for w, v in scores.items()})
 
 
-def decide_memory_bound(shares: dict[str, float], thresholds: dict[str, float]) -> Verdict:
-    """The job fits only by recomputing (full recompute with the card near capacity: the seeds'
-    memory wall): memory wins whatever the shares, the runner-up is the best other wall and
-    confidence compares the two scores as ``decide`` does (below 0.5 when the other is larger)."""
-    base = decide(shares, thresholds)
-    runner = max((w for w in WALLS if w != "memory"), key=lambda w: base.scores[w])
-    s1, s2 = base.scores["memory"], base.scores[runner]
-    return Verdict(wall="memory", runner_up=runner, confidence=round(s1 / (s1 + s2), 3) if s1 + s2 else 0.0,
-                   scores=base.scores)
+def decide_memory_bound(shares: dict[str, float], thresholds: dict[str, float], charged_share: float) -> Verdict:
+    """The job recomputes because its cards are near capacity (the seeds' memory wall): the
+    recompute is charged to memory (``charged_share`` of the step). The rule decides only where
+    that makes memory the highest score; otherwise the larger wall stands and the note says so."""
+    v = decide(shares, thresholds)
+    if v.wall == "memory":
+        return replace(v, rule="memory-bound", rule_note=(
+            f"memory-bound: full recompute with the card near capacity costs {100 * charged_share:.0f}% of the "
+            "step, charged to memory"))
+    return replace(v, rule_note=(
+        f"memory-bound (recompute near capacity, {100 * charged_share:.0f}% of the step charged to memory) but "
+        f"memory scores {v.scores['memory']:.2f} below {v.wall} {v.scores[v.wall]:.2f}: the larger wall stands"))
 
 
 def straggler_wall(j: int, per_gpu_ns: list[dict[str, int]], iterations: list[int]) -> tuple[str, float]:
@@ -104,12 +108,18 @@ def straggler_wall(j: int, per_gpu_ns: list[dict[str, int]], iterations: list[in
 
 
 def decide_with_straggler(shares: dict[str, float], thresholds: dict[str, float], wall: str,
-                          blame_share: float) -> Verdict:
-    """The job is as slow as its straggler: its wall wins, communication (the waiting) is the
-    runner-up; ``straggler_blame_share`` is how much of the delay that rank causes."""
-    base = decide(shares, thresholds)
-    return Verdict(wall=wall, runner_up="communication" if wall != "communication" else base.runner_up,
-                   confidence=0.0, scores=base.scores, straggler_blame_share=round(float(blame_share), 3))
+                          blame_share: float, rank=None, waited_ms: float = 0.0) -> Verdict:
+    """A straggler's lateness: the waiting it causes is already counted in its ``wall``
+    (``gpu_step_walls``). The rule decides only where that makes its wall the highest score (its
+    evidence is larger than what it would override); otherwise the larger wall stands.
+    ``straggler_blame_share`` is how much of the delay that rank causes."""
+    v = replace(decide(shares, thresholds), straggler_blame_share=round(float(blame_share), 3))
+    if v.wall == wall:
+        return replace(v, rule="straggler", rule_note=(
+            f"straggler: the others wait {waited_ms:.1f} ms/step for rank {rank}, counted in its {wall} wall"))
+    return replace(v, rule_note=(
+        f"rank {rank} is a straggler ({wall}; the others wait {waited_ms:.1f} ms/step, counted in {wall}) but "
+        f"{wall} scores {v.scores[wall]:.2f} below {v.wall} {v.scores[v.wall]:.2f}: the larger wall stands"))
 
 
 def gpu_step_walls(per_gpu_ns: list[dict[str, int]], iterations: list[int], exposed_wait_ns: list[int],
@@ -205,16 +215,20 @@ def step_spread(step_ns: list[list[int]]) -> float:
 # ---------------------------------------------------------------------------------------------
 # the classify stage over the job: walls, verdict, confidence
 
-def memory_bound(records: list[GpuRecord], step_ns: float) -> bool:
-    """The seeds' memory wall: the job recomputes because its cards are near capacity, and
-    that recompute costs a measurable share of the step (``MEMORY_BOUND_MIN_SHARE``)."""
+def _charged_ms(records: list[GpuRecord]) -> float:
+    """Recompute charged to memory, ms per step (mean over GPUs)."""
     import numpy as np
 
     from .analyzers.memory import charged_recompute
 
-    charged_ms = float(np.mean([sum(charged_recompute(r.analysis.memory).values()) / r.iterations
-                                for r in records])) / 1e6
-    return bool(step_ns) and charged_ms >= MEMORY_BOUND_MIN_SHARE * (step_ns / 1e6)
+    return float(np.mean([sum(charged_recompute(r.analysis.memory).values()) / r.iterations
+                          for r in records])) / 1e6
+
+
+def memory_bound(records: list[GpuRecord], step_ns: float) -> bool:
+    """The seeds' memory wall: the job recomputes because its cards are near capacity, and
+    that recompute costs a measurable share of the step (``MEMORY_BOUND_MIN_SHARE``)."""
+    return bool(step_ns) and _charged_ms(records) >= MEMORY_BOUND_MIN_SHARE * (step_ns / 1e6)
 
 
 def classify_job(records: list[GpuRecord], ranks: tuple[RankComm, ...], unseen_wait_ns: tuple[int, ...],
@@ -236,16 +250,15 @@ def classify_job(records: list[GpuRecord], ranks: tuple[RankComm, ...], unseen_w
     step_ns = float(np.mean([r.analysis.window.window_ns / r.iterations for r in records]))
     shares = {w: (v / step_ns if step_ns else 0.0) for w, v in job_ns.items()}
     bound = memory_bound(records, step_ns)
-    verdict = _verdict(shares, thresholds, late_wall, blamed, bound and not late_wall)
-    # the memory-bound rule decides by the charged recompute crossing its floor, not by outscoring
-    floor = MEMORY_BOUND_MIN_SHARE if bound and not late_wall else None
+    verdict = _verdict(shares, thresholds, late_wall, [dict(b, rank=records[b["gpu"]].gpu.rank) for b in blamed],
+                       bound and not late_wall, _charged_ms(records) / (step_ns / 1e6) if step_ns else 0.0)
     gpu_shares = [{w: v / max(sum(g.values()), 1) for w, v in g.items()} for g in step_walls]
     conf, basis = confidence(verdict.wall, shares, thresholds, gpu_shares,
-                             [r.analysis.window.step_ns for r in records], whole_window, floor=floor)
+                             [r.analysis.window.step_ns for r in records], whole_window)
     verdict = replace(verdict, confidence=conf, confidence_basis=basis)
     # (a memory-bound verdict stands: taking waiting out of the step only raises the recompute's share)
     unseen = unseen_peers_reading(step_walls, its, unseen_wait_ns, thresholds) \
-        if not late_wall and not (bound and not late_wall) else None
+        if not late_wall and verdict.rule != "memory-bound" else None
     unseen_reading = None
     if unseen is not None and unseen.wall != verdict.wall:
         # one rank of a bigger job: its collective time is transfer or waiting for unseen peers
@@ -256,13 +269,14 @@ def classify_job(records: list[GpuRecord], ranks: tuple[RankComm, ...], unseen_w
 
 
 def _verdict(shares: dict[str, float], thresholds: dict[str, float], late_wall: str | None, blamed: list[dict],
-             memory_bound_rule: bool) -> Verdict:
-    """The verdict rule: a straggler's wall, else memory when the job is memory-bound, else the
-    largest score."""
+             memory_bound_rule: bool, charged_share: float) -> Verdict:
+    """The verdict: the largest score, named after the rule (straggler, memory-bound) whose
+    evidence made it so (``decide_with_straggler``, ``decide_memory_bound``)."""
     if late_wall:
-        return decide_with_straggler(shares, thresholds, late_wall, blamed[0]["blame_share"])
+        return decide_with_straggler(shares, thresholds, late_wall, blamed[0]["blame_share"], blamed[0]["rank"],
+                                     blamed[0]["others_wait_ms_per_step"])
     if memory_bound_rule:
-        return decide_memory_bound(shares, thresholds)
+        return decide_memory_bound(shares, thresholds, charged_share)
     return decide(shares, thresholds)
 
 
@@ -283,7 +297,8 @@ def verdict_section(walls: JobWalls, stragglers: list[dict]) -> dict:
     v = walls.verdict
     return dict(wall=v.wall, confidence=v.confidence, runner_up=v.runner_up,
                 summary=_summary(v, walls.shares, walls.job_ns, stragglers), scores=v.scores,
-                confidence_basis=v.confidence_basis, straggler_blame_share=v.straggler_blame_share)
+                confidence_basis=v.confidence_basis, straggler_blame_share=v.straggler_blame_share, rule=v.rule,
+                rule_note=v.rule_note)
 
 
 def _summary(verdict: Verdict, shares: dict[str, float], job_ns: dict[str, float], stragglers: list[dict]) -> str:
@@ -294,6 +309,8 @@ def _summary(verdict: Verdict, shares: dict[str, float], job_ns: dict[str, float
         st = stragglers[0]
         s += (f"; rank {st['rank']} is the straggler ({st['reason']}), costing the others "
               f"{st['others_wait_ms_per_step']:.1f} ms/step of waiting")
+    if verdict.rule_note:  # which rule decided, or why one that found its evidence did not
+        s += f". Rule: {verdict.rule_note}"
     return s + "."
 
 

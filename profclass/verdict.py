@@ -14,6 +14,8 @@ class Verdict:
     scores: dict[str, float]
     straggler_blame_share: float | None = None
     confidence_basis: dict = field(default_factory=dict)
+    rule: str = "scores"  # what decided: "scores", "straggler" or "memory-bound"
+    rule_note: str = ""  # what the rule counted where, or why one that found its evidence did not decide
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import CORPUS, ROOT
 
@@ -45,3 +46,21 @@ def test_fit_separates_a_hand_built_case():
     th, acc, margin = calibrate.fit(shares, labels)
     assert acc == 1.0 and margin > 0
     assert (calibrate.predict(shares, th) == labels).all()
+
+
+def test_shipped_thresholds_are_the_fit_on_independent_labels(diagnosis):
+    """The thresholds profclass ships are what the held-out-tested method fits on the
+    independent labels alone (no hand edit, no label bent to the output), and they classify
+    every such profile."""
+    from profclass.classify import WALLS, load_thresholds
+
+    rows = calibrate.corpus_rows(diagnosis)
+    fit_rows = [r for r in rows if r["fitted"]]
+    assert all(r["independent"] for r in fit_rows)
+    th, acc, _ = calibrate.fit(np.stack([r["shares"] for r in fit_rows]),
+                               np.array([WALLS.index(r["label"]) for r in fit_rows]))
+    shipped = load_thresholds()
+    assert [shipped[w] for w in WALLS] == pytest.approx(list(th), abs=1e-9)
+    assert acc == 1.0
+    ship = np.array([shipped[w] for w in WALLS])
+    assert all(WALLS[calibrate.predict(r["shares"], ship)] == r["label"] for r in rows if r["scored"])
