@@ -35,7 +35,8 @@ def test_profile_opens_and_holds_kernels(name, request):
     with resolve([str(f) for f in files]) as inputs:
         for f in inputs:
             prof = load(f.sqlite)
-            assert len(prof.kernels) > 1000, f.given
+            # a few hundred: the GEMM-heavy and GC pair bases run ~70 large kernels a step
+            assert len(prof.kernels) > 300, f.given
             assert prof.nsys_version.startswith("2024.2.3"), f.given
             assert (prof.kernels["end"] >= prof.kernels["start"]).all()
             gpus_in_file = prof.kernels.groupby(["pid", "device"]).ngroups
@@ -162,8 +163,12 @@ def test_window_source(name, diagnosis):
     # every GPU found that source, or took the job's step found by it (``job``)
     assert set(d.window["sources"].values()) <= {want, "job"} and want in d.window["sources"].values()
     assert d.window["iterations"] >= 2
-    # the steady step is close to the workload's own timer (it measures the same loop)
-    assert d.window["step_ms"]["median"] == pytest.approx(PROFILES[name]["workload_step_ms"], rel=0.35)
+    # the steady step is close to the workload's own timer (it measures the same loop); the
+    # timer's figure is a mean, and where a long pause comes every few steps (gc_base_1gpu: a
+    # 200 ms collection every 2-3 steps of 25 ms) only the mean, not the median, can match it
+    timer = PROFILES[name]["workload_step_ms"]
+    step = d.window["step_ms"]
+    assert step["median"] == pytest.approx(timer, rel=0.35) or step["mean"] == pytest.approx(timer, rel=0.35)
 
 
 # ---------------------------------------------------------------------------------------------
