@@ -17,7 +17,7 @@ import numpy as np
 from ..config import run_flags
 from ..verdict import JobWalls
 from .layout import Layout
-from .results import CommAnalysis, GpuAnalysis, PipelineResult, RankComm
+from .results import CommAnalysis, GpuAnalysis, PipelineResult
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,6 @@ class Job:
     @property
     def flags(self) -> dict:
         return run_flags(self.cfg)
-
-    def rank_comm(self, j: int) -> RankComm:
-        """GPU j's wait/transfer against its peers (the communication stage)."""
-        return self.comm.ranks[j]
-
 
 def mean_per_step_ms(job: Job, value: Callable[[GpuAnalysis], float]) -> float:
     """Mean over GPUs of ``value`` per steady iteration, in ms."""
