@@ -14,6 +14,12 @@ from .timeline import GpuTimeline, comm_kernels
 # group in another pipeline stage) differ by milliseconds, and then the session starts, which
 # already agree to ~7 us on these machines, are the better clock
 FINE_MAX_RESIDUAL_NS = 200_000
+# a report is matched against at most this many aligned GPUs per (collective type, kernel count),
+# the most recently aligned (per-rank reports come in rank order: TP and DP peers are near), and
+# against all of them only when none of those fits. The work per report is then bounded, so
+# alignment grows linearly with the reports (every pair: 28 s of a 61 s reduction at 512 ranks,
+# bench/RESULTS.md); jobs of up to this many GPUs are matched against every aligned GPU, as before.
+FINE_CANDIDATES = 64
 
 
 def align_clocks(gpus: list[GpuTimeline], session_start: dict[int, int | None]) -> dict[int, int]:
@@ -34,20 +40,27 @@ def align_clocks(gpus: list[GpuTimeline], session_start: dict[int, int | None]) 
         if starts.get(ref) is not None and starts.get(g.source) is not None:
             shift_timeline(g, starts[g.source] - starts[ref])
     skew = {}
-    aligned = [_ends_by_type(g) for g in gpus if g.source == ref]
+    by_source: dict[int, list] = {}
+    for g in gpus:
+        by_source.setdefault(g.source, []).append(g)
+    aligned = _Aligned()
+    for g in by_source[ref]:
+        aligned.add(_ends_by_type(g))
     for s in sources[1:]:
-        mine = [g for g in gpus if g.source == s]
+        mine = by_source[s]
         ends = _ends_by_type(mine[0])
-        # of the matches that agree, the one with the most kernels behind its median
-        fits = [f for a in aligned for f in _offsets(a, ends) if f[1] <= FINE_MAX_RESIDUAL_NS]
-        off, residual, _ = max(fits, key=lambda f: (f[2], -f[1])) if fits else (0, -1, 0)
+        # of the matches that agree, the one with the most kernels behind its median (the first
+        # in alignment order among equals); the most recently aligned reports first
+        fits = aligned.fits(ends, FINE_CANDIDATES) or aligned.fits(ends, None)
+        off, residual = max(fits, key=lambda f: (f[2], -f[1], -f[3], -f[4]))[:2] if fits else (0, -1)
         if residual >= 0:
             for g in mine:
                 shift_timeline(g, off)
             skew[s] = residual
         else:
             skew[s] = -1  # nothing that matches: session start only
-        aligned.extend(_ends_by_type(g) for g in mine)  # read after the shift
+        for g in mine:  # read after the shift
+            aligned.add(_ends_by_type(g))
     return skew
 
 
@@ -72,14 +85,38 @@ def _ends_by_type(g: GpuTimeline) -> dict[str, np.ndarray]:
     return {str(c): sub["end"].to_numpy() for c, sub in k.groupby("collective", observed=True)}
 
 
-def _offsets(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[tuple[int, int, int]]:
-    """(offset, residual, kernels) per collective type the two GPUs ran equally often: the
-    median end difference of the k-th kernels, and the median distance from it."""
-    out = []
-    for ctype, ea in a.items():
-        eb = b.get(ctype)
-        if eb is not None and len(ea) and len(ea) == len(eb):
-            diffs = ea - eb
-            off = int(np.median(diffs))
-            out.append((off, int(np.median(np.abs(diffs - off))), len(diffs)))
-    return out
+class _Aligned:
+    """The aligned GPUs' collective end times, by (collective type, kernel count): only equal
+    counts are matched (the k-th kernels against each other)."""
+
+    def __init__(self):
+        self.by_key: dict[tuple[str, int], tuple[list, list]] = {}
+        self.count = 0
+
+    def add(self, ends: dict[str, np.ndarray]) -> None:
+        for ctype, e in ends.items():
+            if len(e):
+                arrays, order = self.by_key.setdefault((ctype, len(e)), ([], []))
+                arrays.append(e)
+                order.append(self.count)
+        self.count += 1
+
+    def fits(self, ends: dict[str, np.ndarray], recent: int | None) -> list[tuple[int, int, int, int, int]]:
+        """(offset, residual, kernels, aligned GPU's order, type's order) of the matches whose
+        ends agree to ``FINE_MAX_RESIDUAL_NS``: per collective type, the median end difference of
+        the k-th kernels and the median distance from it, over the last ``recent`` candidates
+        (all when None) at once."""
+        out = []
+        for t, (ctype, eb) in enumerate(ends.items()):
+            arrays, order = self.by_key.get((ctype, len(eb)), ([], []))
+            if not arrays:
+                continue
+            if recent is not None:
+                arrays, order = arrays[-recent:], order[-recent:]
+            diffs = np.stack(arrays) - eb
+            # int() of each median as before: truncation toward zero
+            off = np.median(diffs, axis=1).astype(np.int64)
+            residual = np.median(np.abs(diffs - off[:, None]), axis=1).astype(np.int64)
+            out += [(int(o), int(r), len(eb), i, t) for o, r, i in zip(off, residual, order)
+                    if r <= FINE_MAX_RESIDUAL_NS]
+        return out

@@ -53,3 +53,28 @@ def test_worker_error_names_the_file(tmp_path, rank_files):
     with pytest.raises(ProfileError) as exc:
         diagnose(rank_files[:2] + [str(bad)], jobs=2)
     assert exc.value.path == str(bad)
+
+
+def test_bounded_clock_matching_aligns_as_every_pair_does(rank_files, single, monkeypatch):
+    """Each report is matched against the last ``FINE_CANDIDATES`` aligned GPUs (per collective
+    type and count), not all: on 32 ranks, a bound of 4 gives the diagnosis that matching every
+    pair gives (the default bound, 64, covers every pair of this job)."""
+    from profclass import clocks
+    assert clocks.FINE_CANDIDATES >= N_RANKS
+    monkeypatch.setattr(clocks, "FINE_CANDIDATES", 4)
+    assert diagnose(rank_files).to_json() == single.to_json()
+
+
+def test_no_fit_among_the_recent_falls_back_to_every_aligned_gpu():
+    """The bound narrows the search, never the answer's existence: a report whose only match
+    is the first aligned GPU still finds it."""
+    import numpy as np
+    from profclass.clocks import _Aligned
+    a = _Aligned()
+    peer = np.arange(0, 100_000_000, 1_000_000, dtype=np.int64)
+    a.add({"all_reduce": peer})
+    for k in range(1, 10):  # same count, other instances: ends milliseconds away
+        a.add({"all_reduce": peer + k * 5_000_000 + np.arange(len(peer)) * 700_000})
+    mine = {"all_reduce": peer - 1234}
+    assert a.fits(mine, 3) == []
+    assert a.fits(mine, None) == [(1234, 0, len(peer), 0, 0)]
