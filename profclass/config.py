@@ -8,6 +8,12 @@ import pandas as pd
 
 from .load import RawProfile
 
+# MoE evidence in kernel names: the router's top-k, the token permutation, DeepEP/HybridEP; a
+# dense model (mcore_dense_*) runs none of them
+MOE_KERNEL = re.compile(r"topk|permute|moe_|deep_ep|hybrid_?ep|router", re.I)
+# a training step: backward kernels (autograd's *Backward, attention bprop, dgrad/wgrad GEMMs)
+# or an optimizer's (Adam, multi_tensor_apply); an inference pass or a solver runs neither
+TRAINING_KERNEL = re.compile(r"backward|bwd|bprop|dgrad|wgrad|adam|multi_tensor_apply|optimizer", re.I)
 HOPPER = re.compile(r"H100|H200|H800|H20\b|GH200", re.I)
 NVL72 = re.compile(r"GB200|GB300", re.I)
 BLACKWELL = re.compile(r"B200|B100|B300|RTX PRO 6000", re.I)
@@ -53,8 +59,11 @@ def item(value, source: str) -> dict:
 
 
 def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute_ratio: float,
-           cuda_graphs: bool, ep_size: int | None = None, moe_router: bool = True) -> dict[str, dict]:
-    """The ``config`` section: one entry per setting, each with where it was seen."""
+           cuda_graphs: bool, ep_size: int | None = None, moe_router: bool = True,
+           kernel_names: pd.Series | None = None, ep_source: str | None = None) -> dict[str, dict]:
+    """The ``config`` section: one entry per setting, each with where it was seen.
+    ``kernel_names``: the distinct kernel names of the job (the ``moe`` and ``scope`` items);
+    ``ep_source``: where the layout's EP size came from ("inferred" from the traffic, or flags)."""
     cfg: dict[str, dict] = {}
     flags: dict[str, str | bool] = {}
     env: dict[str, str] = {}
@@ -96,6 +105,9 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
         cfg["expert_parallel"] = item(ep_size > 1, "the layout's EP size")
     else:
         cfg["expert_parallel"] = item(bool(n_gpus > 1 and disp != "none"), "expert token exchange between GPUs")
+    names = kernel_names if kernel_names is not None else pd.Series([], dtype=str)
+    cfg["moe"] = _moe(disp, ep_size if ep_source != "inferred" or moe_router else None, names)
+    cfg["scope"] = _scope(names)
     cfg["cuda_graphs"] = item(bool(cuda_graphs), "cudaGraphLaunch calls / graph kernels")
     cfg["fp8"] = item(bool(ops["is_fp8"].any()), "FP8 GEMM kernel names")
     cfg["recompute"] = item("full" if recompute_ratio >= 0.5 else ("partial" if recompute_ratio >= 0.05 else "none"),
@@ -111,8 +123,42 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
     return cfg
 
 
+def _moe(dispatcher: str, ep_size: int | None, names: pd.Series) -> dict:
+    """Whether the profile shows a mixture-of-experts model: expert-parallel dispatch (EP > 1,
+    DeepEP/HybridEP) or MoE kernels (router top-k, token permutation). ``ep_size``: None where
+    EP was only inferred from SendRecv partners with no router kernels (a solver's halo
+    exchange between two ranks of one program looks the same)."""
+    if dispatcher in ("deepep", "hybridep"):
+        return item(True, f"{dispatcher} dispatcher kernels")
+    if ep_size and ep_size > 1:
+        return item(True, f"the layout's EP size ({ep_size})")
+    hits = names[names.str.contains(MOE_KERNEL)] if len(names) else names
+    if len(hits):
+        return item(True, f"MoE kernels ({len(hits)} names, e.g. {str(hits.iloc[0])[:60]})")
+    return item(False, "no router (top-k), token permutation or expert-dispatch kernels, EP not over 1")
+
+
+def _scope(names: pd.Series) -> dict:
+    """``training``: a training step (backward or optimizer kernels), what the walls, fixes and
+    gain models are built for; ``other`` (inference, a solver, a capture without backward)."""
+    if len(names) and names.str.contains(TRAINING_KERNEL).any():
+        return item("training", "backward or optimizer kernels")
+    return item("other", "no backward or optimizer kernels: not a training step")
+
+
+def scope_missing(cfg: dict[str, dict]) -> list[str]:
+    """The ``missing[]`` note of a profile that is not a training step profclass knows."""
+    scope = cfg.get("scope") or {}
+    if scope.get("value", "training") == "training":
+        return []
+    return [f"scope: not a training step ({scope['source']}); the walls and the verdict stand, the advice is "
+            "limited to fixes that apply to any CUDA program (no MoE, parallelism, recompute or optimizer fixes)"]
+
+
 def config_facts(cfg: dict[str, dict]) -> dict:
     """The configuration as the named facts ``data/fixes.toml`` tests."""
     return dict(ep=cfg["expert_parallel"]["value"], dispatcher=cfg["dispatcher"]["value"],
                 platform=cfg["platform"]["value"], cuda_graphs=cfg["cuda_graphs"]["value"],
-                fp8=cfg["fp8"]["value"], recompute=cfg["recompute"]["value"] == "full")
+                fp8=cfg["fp8"]["value"], recompute=cfg["recompute"]["value"] == "full",
+                moe=cfg["moe"]["value"] if "moe" in cfg else True,
+                scope=cfg["scope"]["value"] if "scope" in cfg else "training")

@@ -228,7 +228,7 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
         devices=classify.device_rows(records, walls, comm.ranks, [analyzers.feature_record(r.analysis)
                                                                   for r in records]),
         fixes=chosen, evidence=out.evidence, config=cfg, pitfalls=found,
-        missing=sorted({m for p in profiles for m in p.missing}) + out.missing,
+        missing=sorted({m for p in profiles for m in p.missing}) + config.scope_missing(cfg) + out.missing,
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
         kernels=table_records(kernel_table(gpus, [r.iterations for r in records])),
@@ -240,5 +240,8 @@ def _config(profiles, all_ops, records, lay) -> dict:
     ops_all = pd.concat(all_ops, ignore_index=True) if all_ops else pd.DataFrame()
     recompute_ratio = float(np.median([r.analysis.memory.recompute_ratio for r in records]))
     cuda_graphs = any(r.analysis.host.graph_launches or r.analysis.host.graph_kernels for r in records)
+    aggs = [r.gpu.kernel_agg for r in records if r.gpu.kernel_agg is not None]
+    names = pd.Series(pd.concat([a["full_name"].astype(str) for a in aggs]).unique()) if aggs else None
     return config.derive(profiles, ops_all, len(records), recompute_ratio, cuda_graphs,
-                         ep_size=lay.size("ep"), moe_router=lay.moe_router)
+                         ep_size=lay.size("ep"), moe_router=lay.moe_router, kernel_names=names,
+                         ep_source=lay.source.get("ep"))
