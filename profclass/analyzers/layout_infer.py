@@ -67,14 +67,28 @@ def end_gap(own_end: np.ndarray, peer_ends: np.ndarray) -> np.ndarray:
     return np.minimum(np.abs(peer_ends[idx] - own_end), np.abs(peer_ends[nxt] - own_end))
 
 
-def _near(x: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    return end_gap(x, ends) <= END_TOL_NS
+def _pool(ends: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Every rank's ends in one sorted array, with the position of each end's rank in ``ends``:
+    one search per own end finds its near ends on every rank at once."""
+    keys = list(ends)
+    vals = np.concatenate([ends[j] for j in keys]) if keys else np.empty(0, np.int64)
+    owner = np.repeat(np.arange(len(keys)), [len(ends[j]) for j in keys])
+    order = np.argsort(vals, kind="stable")
+    return vals[order], owner[order], {j: i for i, j in enumerate(keys)}
 
 
-def _shares(x: np.ndarray, r: int, ranks, ends: dict, stride: int) -> dict[int, float]:
+def _shares(x: np.ndarray, r: int, ranks, pool: tuple, stride: int) -> dict[int, float]:
     """Share of the kernel ends ``x`` of rank ``r`` with a same-type end on each other rank a
-    multiple of ``stride`` away."""
-    return {j: _near(x, ends[j]).mean() for j in ranks if j != r and (j - r) % stride == 0}
+    multiple of ``stride`` away (``end_gap`` <= ``END_TOL_NS``, for all ranks in one pass over
+    the ``_pool``: a rank pair at a time made the layout quadratic in Python calls)."""
+    vals, owner, pos = pool
+    lo = np.searchsorted(vals, x - END_TOL_NS, "left")
+    n = np.searchsorted(vals, x + END_TOL_NS, "right") - lo
+    near = np.zeros((len(x), len(pos)), bool)  # own end i has an end of rank pos[j] within the tolerance
+    at = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+    near[np.repeat(np.arange(len(x)), n), owner[at]] = True
+    share = near.mean(axis=0)
+    return {j: share[pos[j]] for j in ranks if j != r and (j - r) % stride == 0}
 
 
 def _partners(share: dict[int, float]) -> frozenset:
@@ -86,11 +100,11 @@ def buckets(kernels, ranks, stride: int = 1) -> list[tuple[int, int, frozenset]]
     """(rank, kernels in bucket, partner ranks) per (rank, stream) bucket of SendRecv kernels;
     partners only ``stride`` apart (TP, once known: PP and EP peers share the TP coordinate)."""
     sr = [k[k["collective"] == "all_to_all"] for k in kernels]
-    ends = {r: np.sort(k["end"].to_numpy()) for r, k in zip(ranks, sr)}
+    pool = _pool({r: k["end"].to_numpy() for r, k in zip(ranks, sr)})
     out = []
     for r, k in zip(ranks, sr):
         for _, b in k.groupby("stream", observed=True):
-            partners = _partners(_shares(b["end"].to_numpy(), r, ranks, ends, stride))
+            partners = _partners(_shares(b["end"].to_numpy(), r, ranks, pool, stride))
             if partners:
                 out.append((r, len(b), partners))
     return out
@@ -109,13 +123,13 @@ def per_layer_types(kernels, windows, gemms) -> list[set]:
 def tp_blocks(kernels, ranks, per_layer: list[set]) -> dict[int, frozenset]:
     """Per rank, the members (itself included) of its per-layer collective group: partners of
     every collective type ``per_layer_types`` found on it."""
-    ends = {c: {r: np.sort(k.loc[k["collective"] == c, "end"].to_numpy()) for r, k in zip(ranks, kernels)}
-            for c in PER_LAYER_TYPES}
+    pools = {c: _pool({r: k.loc[k["collective"] == c, "end"].to_numpy() for r, k in zip(ranks, kernels)})
+             for c in PER_LAYER_TYPES}
     out = {}
     for r, k, types in zip(ranks, kernels, per_layer):
         for c in types:
             x = k.loc[k["collective"] == c, "end"].to_numpy()
-            partners = _partners(_shares(x, r, ranks, ends[c], 1))
+            partners = _partners(_shares(x, r, ranks, pools[c], 1))
             if partners:
                 out[r] = out.get(r, frozenset()) | partners | {r}
     return out
