@@ -115,15 +115,18 @@ def _first_seen(codes: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, top[1:] > top[:-1]])
 
 
-def kernel_table(gpus, iterations: list[int]) -> pd.DataFrame:
+def kernel_table(gpus, iterations: list[int], comm_groups: list | None = None) -> pd.DataFrame:
     """Mean per GPU and per steady-state step of each normalised op name (kernels, copies, sets).
 
     ``gpus`` are GpuTimelines with their window set; ``iterations`` the steady iterations of
     each. An op belongs to the window when it starts inside it, as in the analyzers.
+    ``comm_groups``: per GPU, its communication kernels with their ``group`` (the
+    communication stage's); a SendRecv kernel of the PP group then gets its own row of kind
+    ``send/recv`` (the pipeline's p2p, not an all-to-all: one kernel name serves both).
     """
     n_gpus = max(len(gpus), 1)
-    parts = []
-    for g, its in zip(gpus, iterations):
+    parts, pp_parts = [], []
+    for j, (g, its) in enumerate(zip(gpus, iterations)):
         # a per-rank summary (profclass.ranks) brings its rows aggregated by its worker
         agg = g.kernel_agg if hasattr(g, "kernel_agg") else gpu_kernel_agg(g.ops, g.window)
         if agg is None:
@@ -133,6 +136,8 @@ def kernel_table(gpus, iterations: list[int]) -> pd.DataFrame:
         agg["count_per_step"] = agg["count"] * scale
         agg["ms_per_step"] = agg["ns"] * scale / 1e6
         agg["gpu"] = len(parts)
+        if comm_groups is not None and comm_groups[j] is not None:
+            pp_parts.append(_pp_send_recv(comm_groups[j], g.window, scale, len(parts)))
         parts.append(agg)
     if not parts:
         return pd.DataFrame(columns=TABLE_COLUMNS)
@@ -143,11 +148,53 @@ def kernel_table(gpus, iterations: list[int]) -> pd.DataFrame:
     allk["collective"] = allk["collective"].fillna("").astype(str)
     for col in ("is_comm", "is_gemm", "is_fp8"):
         allk[col] = allk[col].fillna(False).astype(bool)
-    table = allk.groupby(["name", "op"], sort=False, observed=True).agg(
-        library=("library", "first"), collective=("collective", "first"), is_comm=("is_comm", "any"),
+    allk = _split_send_recv(allk, [p for p in pp_parts if len(p)])
+    table = allk.groupby(["name", "op", "collective"], sort=False, observed=True).agg(
+        library=("library", "first"), is_comm=("is_comm", "any"),
         is_gemm=("is_gemm", "any"), is_fp8=("is_fp8", "any"), count_per_step=("count_per_step", "sum"),
         ms_per_step=("ms_per_step", "sum"), gpus=("gpu", "nunique")).reset_index()
     return table.sort_values("ms_per_step", ascending=False, kind="stable").reset_index(drop=True)[TABLE_COLUMNS]
+
+
+def _pp_send_recv(kernels: pd.DataFrame, window: tuple[int, int], scale: float, gpu: int) -> pd.DataFrame:
+    """One GPU's PP-group SendRecv kernels inside its window, per normalised name: count and
+    ms per step (scaled as the table's rows)."""
+    lo, hi = window
+    k = kernels[(kernels["group"] == "PP") & (kernels["collective"].astype(str) == "all_to_all")
+                & (kernels["start"] >= lo) & (kernels["start"] < hi)]
+    if k.empty:
+        return pd.DataFrame(columns=["gpu", "name", "pp_count", "pp_ms"])
+    names = k["name"].astype(str)
+    uniq = names.unique()
+    per = pd.DataFrame({"name": names.map(dict(zip(uniq, (normalise_name(u) for u in uniq)))).to_numpy(),
+                        "dur": (k["end"] - k["start"]).to_numpy(np.int64)})
+    out = per.groupby("name", sort=False).agg(pp_count=("dur", "size"), pp_ms=("dur", "sum")).reset_index()
+    out["pp_count"] = out["pp_count"] * scale
+    out["pp_ms"] = out["pp_ms"] * scale / 1e6
+    out["gpu"] = gpu
+    return out
+
+
+def _split_send_recv(allk: pd.DataFrame, pp_parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Move each GPU's PP share of a SendRecv kernel name into rows of kind ``send/recv``."""
+    if not pp_parts:
+        return allk
+    pp = pd.concat(pp_parts, ignore_index=True)
+    kern = (allk["op"] == "kernel") & (allk["collective"] == "all_to_all")
+    # one row per (gpu, name) to take the PP share from: the name's largest
+    first = allk[kern].sort_values("ms_per_step", ascending=False).drop_duplicates(["gpu", "name"])
+    hit = first.reset_index().merge(pp, on=["gpu", "name"])
+    if hit.empty:
+        return allk
+    out = allk.copy()
+    idx = hit["index"].to_numpy()
+    out.loc[idx, "count_per_step"] = np.maximum(out.loc[idx, "count_per_step"].to_numpy() - hit["pp_count"].to_numpy(), 0)
+    out.loc[idx, "ms_per_step"] = np.maximum(out.loc[idx, "ms_per_step"].to_numpy() - hit["pp_ms"].to_numpy(), 0)
+    moved = out.loc[idx].copy()
+    moved["collective"], moved["count_per_step"], moved["ms_per_step"] = "send/recv", hit["pp_count"].to_numpy(), \
+        hit["pp_ms"].to_numpy()
+    out = pd.concat([out, moved], ignore_index=True)
+    return out[(out["count_per_step"] > 1e-12) | (out["op"] != "kernel") | (out["collective"] != "all_to_all")]
 
 
 def table_records(table: pd.DataFrame) -> list[dict]:

@@ -231,7 +231,7 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
         missing=sorted({m for p in profiles for m in p.missing}) + config.scope_missing(cfg) + out.missing,
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
-        kernels=table_records(kernel_table(gpus, [r.iterations for r in records])),
+        kernels=table_records(kernel_table(gpus, [r.iterations for r in records], list(comm.kernels))),
         extra=NotInJson(numbers=out.numbers), **out.sections)
 
 

@@ -157,11 +157,12 @@ def top_kernels(d, n: int = 15) -> pd.DataFrame:
         k = g.ops[(g.ops["op"] == "kernel") & (g.ops["start"] >= lo) & (g.ops["start"] < hi)]
         per = pd.DataFrame({"kernel": k["name"].astype(str).to_numpy(),
                             "dur": (k["end"] - k["start"]).to_numpy(),
-                            "is_comm": k["is_comm"].to_numpy(), "collective": k["collective"].astype(str).to_numpy(),
+                            "is_comm": k["is_comm"].to_numpy(), "collective": _kinds(g, k),
                             "library": k["library"].astype(str).to_numpy(), "is_gemm": k["is_gemm"].to_numpy()})
-        agg = per.groupby("kernel", sort=False).agg(ns=("dur", "sum"), calls=("dur", "size"),
-                                                     is_comm=("is_comm", "first"), collective=("collective", "first"),
-                                                     library=("library", "first"), is_gemm=("is_gemm", "first"))
+        # one kernel name can be two kinds (SendRecv: EP all-to-all and PP send/recv)
+        agg = per.groupby(["kernel", "collective"], sort=False).agg(
+            ns=("dur", "sum"), calls=("dur", "size"), is_comm=("is_comm", "first"),
+            library=("library", "first"), is_gemm=("is_gemm", "first"))
         agg["ns"] = agg["ns"] / its
         agg["calls"] = agg["calls"] / its
         parts.append(agg)
@@ -169,21 +170,36 @@ def top_kernels(d, n: int = 15) -> pd.DataFrame:
         return pd.DataFrame(columns=["kernel", "kind", "ms_per_step", "calls_per_step", "mean_us", "share"])
     allk = pd.concat(parts)
     # mean over GPUs: a kernel absent on a GPU counts as zero there
-    tot = allk.groupby(level=0).agg(ns=("ns", "sum"), calls=("calls", "sum"), is_comm=("is_comm", "first"),
-                                    collective=("collective", "first"), library=("library", "first"),
-                                    is_gemm=("is_gemm", "first"))
+    tot = allk.groupby(level=[0, 1]).agg(ns=("ns", "sum"), calls=("calls", "sum"), is_comm=("is_comm", "first"),
+                                         library=("library", "first"), is_gemm=("is_gemm", "first"))
+    tot["collective"] = tot.index.get_level_values(1)
     tot["ns"] /= len(gpus)
     tot["calls"] /= len(gpus)
     tot = tot.sort_values("ns", ascending=False).head(n)
     kind = np.where(tot["is_comm"], tot["library"] + " " + tot["collective"],
                     np.where(tot["is_gemm"], "GEMM", "compute"))
     step_ms = float(d.window["step_ms"]["mean"]) or np.nan
-    out = pd.DataFrame({"kernel": tot.index.to_numpy(), "kind": kind,
+    out = pd.DataFrame({"kernel": tot.index.get_level_values(0).to_numpy(), "kind": kind,
                         "ms_per_step": (tot["ns"] / 1e6).to_numpy(),
                         "calls_per_step": tot["calls"].to_numpy(),
                         "mean_us": (tot["ns"] / tot["calls"].clip(lower=1e-9) / 1e3).to_numpy()})
     out["share"] = out["ms_per_step"] / step_ms
     return out.reset_index(drop=True)
+
+
+def _kinds(g: GpuTimeline, k: pd.DataFrame) -> np.ndarray:
+    """The collective type of each of ``k``'s kernels, ``send/recv`` for a SendRecv kernel of the
+    PP group (``comm_groups``: the communication kernels' groups, in the ops' order)."""
+    kinds = k["collective"].astype(str).to_numpy().copy()
+    groups = getattr(g, "comm_groups", None)
+    if groups is None:
+        return kinds
+    comm_index = g.ops.index[g.ops["is_comm"].to_numpy(bool) & (g.ops["op"] == "kernel").to_numpy()]
+    if len(comm_index) != len(groups):
+        return kinds
+    group = pd.Series(groups["group"].to_numpy(), index=comm_index).reindex(k.index).to_numpy()
+    kinds[(group == "PP") & (kinds == "all_to_all")] = "send/recv"
+    return kinds
 
 
 def _timelines(d) -> list[GpuTimeline]:

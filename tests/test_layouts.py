@@ -456,3 +456,29 @@ def test_ranks_whose_peers_show_no_such_collective_fall_back_to_the_step_positio
     group, source = comm_groups._decide(bucket, "all_reduce", ["TP", "DP"], groups, 0, ends, True, bucket,
                                         Layout(), stretches)
     assert list(group) == ["DP", "TP"] and source.startswith("one rank")
+
+
+@pytest.mark.parametrize("name", ["mcore_pp4_m4", "mcore_pp2_ep2_m4", "mcore_dense_tp2sp_pp2"])
+def test_kernel_table_kind_follows_the_group(name):
+    """A PP SendRecv kernel is the pipeline's send/recv in the kernel table and in the top
+    kernels, not "nccl all_to_all"; where the same name also carries the EP all-to-all, each
+    keeps its own row, and the two add up to the name's time."""
+    from conftest import profile_path
+
+    from profclass import diagnose
+    from profclass import timeline_view as tv
+    d = diagnose(str(profile_path(name)), keep_timelines=True)
+    sr = [k for k in d.kernels if k["name"] == "ncclDevKernel_SendRecv"]
+    kinds = {k["collective"] for k in sr}
+    assert "send/recv" in kinds
+    assert ("all_to_all" in kinds) == (PARALLEL[name]["ep"] > 1)
+    pp_rows = rows(d, "all_to_all", "PP")
+    pp_calls = sum(r["instances"] for r in pp_rows) / d.window["iterations"] if pp_rows else None
+    send_recv = next(k for k in sr if k["collective"] == "send/recv")
+    assert send_recv["count_per_step"] > 0 and (pp_calls is None or send_recv["count_per_step"] <= 2 * pp_calls)
+    top = tv.top_kernels(d, 40)
+    top_sr = top[top["kernel"] == "ncclDevKernel_SendRecv"]
+    assert "nccl send/recv" in set(top_sr["kind"])
+    assert ("nccl all_to_all" in set(top_sr["kind"])) == (PARALLEL[name]["ep"] > 1)
+    total = sum(k["ms_per_step"] for k in sr)
+    assert sum(top_sr["ms_per_step"]) == pytest.approx(total, rel=0.01)

@@ -135,9 +135,10 @@ def _components(b: Diagnosis, c: Diagnosis) -> list[dict]:
 
 
 def _kernel_changes(b: Diagnosis, c: Diagnosis) -> tuple[list[dict], list[str], list[str]]:
-    key = ("name", "op")
-    bt = {(k["name"], k["op"]): k for k in b.kernels}
-    ct = {(k["name"], k["op"]): k for k in c.kernels}
+    # one kernel name can be two kinds (SendRecv: EP all-to-all and PP send/recv rows)
+    key = ("name", "op", "collective")
+    bt = {(k["name"], k["op"], k["collective"]): k for k in b.kernels}
+    ct = {(k["name"], k["op"], k["collective"]): k for k in c.kernels}
     rows = []
     for kk in set(bt) | set(ct):
         kb, kc = bt.get(kk), ct.get(kk)
