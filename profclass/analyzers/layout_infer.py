@@ -151,15 +151,19 @@ def _tp_size(blocks: dict[int, frozenset], ranks, ep_sets: set) -> int | None:
 
 def _classify(bks, shape: dict) -> tuple[set, set]:
     """EP cliques and PP edges from the buckets."""
-    seen = {(r, p) for r, _, p in bks}
+    # one object per distinct rank set, so that the membership tests below compare by identity:
+    # j's bucket with partners clique - {j} is (j, clique) here (a rank is never its own partner)
+    canon: dict[frozenset, frozenset] = {}
+    closed = {(r, canon.setdefault(p | {r}, p | {r})) for r, _, p in bks}
     ep, pp = set(), set()
-    busiest = {}
+    busiest, partner_sets = {}, {}
     for r, n, p in bks:
         busiest[r] = max(busiest.get(r, (0, None)), (n, p), key=lambda t: t[0])
-    kinds = {r: len({p for q, _, p in bks if q == r}) for r, _, _ in bks}
+        partner_sets.setdefault(r, set()).add(p)
+    kinds = {r: len(sets) for r, sets in partner_sets.items()}
     for r, n, p in bks:
-        clique = p | {r}
-        is_clique = all((j, frozenset(clique - {j})) in seen for j in p)
+        clique = canon[p | {r}]
+        is_clique = all((j, clique) in closed for j in p)
         if len(p) == 1 and kinds[r] == 1:  # a lone pair: one program (EP) or two stages (PP)?
             j = next(iter(p))
             is_clique = is_clique and abs(shape[r] - shape[j]) <= SAME_PROGRAM_TOL * max(shape[r], 1)
