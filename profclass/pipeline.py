@@ -26,6 +26,7 @@ from .inputs import resolve
 from .kernel_table import kernel_table, table_records
 from .onejob import check_one_job
 from .ranks import assign_ranks
+from .replay import run as replay_run
 from .ranks import summarise_file
 from .workers import summarise_files
 
@@ -38,6 +39,14 @@ class NotInJson:
     timelines: list | None = None
     # a diagnosis read back from its JSON: (path, schema version, profclass version)
     saved_from: tuple | None = None
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """The replay stage's part of the JSON: its ``replay`` section and the fix ``plan``."""
+
+    section: dict = field(default_factory=dict)
+    plan: list = field(default_factory=list)
 
 
 @dataclass
@@ -63,6 +72,9 @@ class Diagnosis:
     kernels: list[dict] = field(default_factory=list)
     layout: dict = field(default_factory=dict)  # parallel sizes, their sources, group order
     pipeline: dict = field(default_factory=dict)  # PP bubble and stage imbalance (pipeline_bubbles)
+    # the JSON's ``replay`` (the step replayed: fidelity, walls removed) and ``plan`` (the fixes
+    # in order, each replayed on top of the last): profclass.replay
+    replayed: ReplayReport = field(default_factory=lambda: ReplayReport())
     extra: NotInJson = field(default_factory=NotInJson)  # not in the JSON
 
     @property
@@ -79,7 +91,17 @@ class Diagnosis:
 
     def to_dict(self) -> dict:
         # schema_version, profclass_version first (profclass.contract)
-        return stamp({k: v for k, v in asdict(replace(self, extra=NotInJson())).items() if k != "extra"})
+        raw = {k: v for k, v in asdict(replace(self, extra=NotInJson())).items() if k != "extra"}
+        replayed = raw.pop("replayed")
+        return stamp({**raw, "replay": replayed["section"], "plan": replayed["plan"]})
+
+    @property
+    def replay(self) -> dict:
+        return self.replayed.section
+
+    @property
+    def plan(self) -> list:
+        return self.replayed.plan
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
@@ -96,7 +118,8 @@ def _jsonable(o):
 
 
 def diagnose(paths, iteration_regex: str | None = None, progress=None,
-             keep_timelines: bool = False, jobs: int = 1, scheduler: str | None = None) -> Diagnosis:
+             keep_timelines: bool = False, jobs: int = 1, scheduler: str | None = None,
+             price_fixes: tuple[str, ...] = ()) -> Diagnosis:
     """Diagnose a job from its nsys exports. Raises ProfileError on bad input.
 
     ``progress(message, fraction=None)``, when given, is called as each stage starts
@@ -121,7 +144,7 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
                                     jobs=1 if keep_timelines else jobs,
                                     scheduler=None if keep_timelines else scheduler,
                                     keep_timelines=keep_timelines, progress=progress)
-        d, gpus = _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress)
+        d, gpus = _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes)
     if keep_timelines:
         for g in gpus:
             if g.timeline is not None:
@@ -139,7 +162,7 @@ def diagnose_summaries(summaries, files, paths, iteration_regex: str | None = No
     return _reduce(summaries, files, [str(p) for p in paths], iteration_regex, False, None)[0]
 
 
-def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress):
+def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes=()):
     """Per-file summaries -> the job's step across files -> one job -> the Diagnosis."""
     summaries = _agree_across_files(summaries, files, iteration_regex, keep_timelines)
     profiles = [fs.meta for fs in summaries]
@@ -151,7 +174,7 @@ def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress):
                            "no GPU kernels in the profile (CPU-only capture, or CUDA tracing was off)")
     if progress:
         progress(f"analysing {len(gpus)} GPU(s)")
-    return analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], paths), gpus
+    return analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], paths, price_fixes), gpus
 
 
 def _agree_across_files(summaries, files, regex, keep_timelines):
@@ -188,7 +211,7 @@ def _agree_across_files(summaries, files, regex, keep_timelines):
     return out
 
 
-def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
+def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] = ()) -> Diagnosis:
     """The job-level stages over the per-rank summaries, each on the frozen outputs of the ones
     before it: layout -> communication -> pipeline -> stragglers -> classify -> configuration
     -> the analyzers' job halves -> fixes and pitfalls, into one Diagnosis."""
@@ -218,6 +241,8 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
     # a fix is already on when its flag is on the command line or its variable in the environment
     chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, {**env_all, **job.flags},
                           out.numbers, step_ms=job.step_ms)
+    replayed = _replay(job, gpus, chosen, price_fixes)
+    chosen = replay_run.priced(chosen, replayed.prices)
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     for pf in found:
         if peak_share is not None and "memory_headroom" in pf["facts"]:
@@ -228,11 +253,25 @@ def analyse(profiles, gpus, all_ops, hints, paths) -> Diagnosis:
         devices=classify.device_rows(records, walls, comm.ranks, [analyzers.feature_record(r.analysis)
                                                                   for r in records]),
         fixes=chosen, evidence=out.evidence, config=cfg, pitfalls=found,
-        missing=sorted({m for p in profiles for m in p.missing}) + config.scope_missing(cfg) + out.missing,
+        missing=(sorted({m for p in profiles for m in p.missing}) + config.scope_missing(cfg) + out.missing
+                 + replayed.missing),
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
         kernels=table_records(kernel_table(gpus, [r.iterations for r in records], list(comm.kernels))),
-        extra=NotInJson(numbers=out.numbers), **out.sections)
+        extra=NotInJson(numbers=out.numbers), replayed=ReplayReport(replayed.section, replayed.plan),
+        **out.sections)
+
+
+def _replay(job: Job, gpus, chosen: list[dict], also: tuple[str, ...]) -> replay_run.ReplayResult:
+    """The replay stage: the job's per-GPU traces (on the job's clock), its collectives' groups
+    and the chosen fixes with their table rows (profclass.replay)."""
+    inp = replay_run.ReplayInputs(
+        traces=tuple(replace(g.replay_trace, shift_ns=g.shift_ns) for g in gpus),
+        comm_kernels=tuple(job.comm.kernels), members=tuple(job.comm.members), ranks=tuple(g.rank for g in gpus),
+        step_ns=tuple(r.analysis.window.window_ns / r.iterations for r in job.records),
+        profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records))
+    return replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, job.walls.verdict.wall,
+                                 also)
 
 
 def _config(profiles, all_ops, records, lay) -> dict:

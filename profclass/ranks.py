@@ -30,6 +30,8 @@ from .clocks import shift_timeline
 from .errors import ProfileError
 from .kernel_table import gpu_kernel_agg
 from .load import load_by_process
+from .replay.trace import GpuTrace
+from .replay.trace import build as replay_trace
 from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, iter_gpus
 
 # the CUDA API calls any later stage reads (launches for the launch join, allocator and sync
@@ -84,6 +86,8 @@ class GpuSummary:
     boundary_gaps: tuple = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     step: dict = field(default_factory=dict)  # iterations.step_info, found on this GPU alone
     shift_ns: int = 0  # total clock shift applied (own clock = shared clock - shift_ns)
+    # the steady window as the replay's dependency graph parts (profclass.replay.trace)
+    replay_trace: GpuTrace | None = None
     # the full timeline, only when it stays in this process (diagnose(keep_timelines=True))
     timeline: GpuTimeline | None = None
 
@@ -202,6 +206,7 @@ def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines
         compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
         kernel_agg=gpu_kernel_agg(g.ops, g.window), kernels_total=int(is_kernel.sum()), step=step,
         host_waits=idle.host_waits(g), boundary_gaps=it.boundary_gaps(g),
+        replay_trace=replay_trace(g, prof.sync_events),
         timeline=g if keep_timelines else None)
 
 

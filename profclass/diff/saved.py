@@ -9,7 +9,7 @@ from dataclasses import MISSING, fields
 
 from ..contract import check_readable
 from ..errors import ProfileError
-from ..pipeline import Diagnosis, NotInJson
+from ..pipeline import Diagnosis, NotInJson, ReplayReport
 from ..pipeline import diagnose as _diagnose
 
 
@@ -33,7 +33,8 @@ def load_saved(path: str) -> Diagnosis:
         raise ProfileError(path, "stored diagnosis has no per-kernel table (written by an older profclass); "
                                  "diff the profile itself")
     # saved_from: for the notes (profclass.contract)
-    return Diagnosis(**{k: v for k, v in doc.items() if k in names and k != "extra"},
+    return Diagnosis(**{k: v for k, v in doc.items() if k in names and k not in ("extra", "replayed")},
+                     replayed=ReplayReport(doc.get("replay") or {}, doc.get("plan") or []),
                      extra=NotInJson(saved_from=(path, version, doc.get("profclass_version"))))
 
 

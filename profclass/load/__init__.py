@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ProfileError
-from .profile import MEMEV_COLS, MEMSET_COLS, RawProfile, empty_frame
+from .profile import MEMEV_COLS, SYNC_COLS, MEMSET_COLS, RawProfile, empty_frame
+from .events import read_sync_events
 from .schema import Schema, column_or, pid_expr, string_table
 from .tables import (NVTX_EMPTY, no_runtime_rows, nvtx_empty, read_gpu_metrics, read_gpus, read_kernels,
                      no_memcpy_rows, read_memcpy, read_memory_events, read_memset, read_meta, read_nvtx,
@@ -190,7 +191,8 @@ def _copies_nvtx_and_memory_events(con, schema, strings, missing):
                   memset=(split_by_pid(read_memset(con, schema, copies_missing, None)), empty_frame(MEMSET_COLS)))
     marks = dict(nvtx=read_nvtx_by_process(con, schema, strings, missing),
                  memory_events=(split_by_pid(read_memory_events(con, schema, missing, None)),
-                                empty_frame(MEMEV_COLS)))
+                                empty_frame(MEMEV_COLS)),
+                 sync_events=(split_by_pid(read_sync_events(con, schema, missing, None)), empty_frame(SYNC_COLS)))
     return copies, copies_missing, marks
 
 
@@ -344,6 +346,7 @@ def _read_process(path, con, schema, strings, api_names, pid, missing, calls=Non
     missing.extend(runtime_missing)
     frames["nvtx"] = read_nvtx(con, schema, strings, missing, pid)
     frames["memory_events"] = read_memory_events(con, schema, missing, pid)
+    frames["sync_events"] = read_sync_events(con, schema, missing, pid)
     return frames
 
 

@@ -28,6 +28,8 @@ class RawProfile:
     # read one process at a time (``load_by_process``): every device with kernels in the
     # file (column device), which per-GPU steps that number the file's devices need
     file_devices: pd.DataFrame | None = None
+    # CUDA event records and synchronisations (the replay's cross-stream and host-wait edges)
+    sync_events: pd.DataFrame | None = None
 
 
 def empty_frame(cols: dict[str, str]) -> pd.DataFrame:
@@ -47,4 +49,8 @@ RUNTIME_COLS = dict(start="int64", end="int64", pid="int64", tid="int64", correl
 NVTX_COLS = dict(start="int64", end="int64", pid="int64", tid="int64", text="object")
 GPU_COLS = dict(device="int64", name="object", sm_count="int64", total_memory="int64")
 METRIC_COLS = dict(timestamp="int64", device="int64", metric="object", value="float64")
+# kind: 0 event record (CUPTI_ACTIVITY_KIND_CUDA_EVENT), else CUPTI's syncType (1 event
+# synchronize, 2 stream wait event, 3 stream synchronize, 4 context synchronize)
+SYNC_COLS = dict(kind="int64", pid="int64", device="int64", stream="int64", event="int64",
+                 correlation="int64", start="int64", end="int64")
 MEMEV_COLS = dict(start="int64", pid="int64", device="int64", bytes="int64")

@@ -10,6 +10,7 @@ import sqlite3
 KNOWN_TABLES = {
     "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
     "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS",
+    "CUPTI_ACTIVITY_KIND_CUDA_EVENT",
     "StringIds", "StringTable", "TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU", "GPU_METRICS",
     "TARGET_INFO_GPU_METRICS", "CUDA_GPU_MEMORY_USAGE_EVENTS", "META_DATA_CAPTURE",
     "META_DATA_EXPORT", "TARGET_INFO_SESSION_START_TIME", "PROCESSES", "TARGET_INFO_SYSTEM_ENV",
@@ -21,7 +22,7 @@ KNOWN_COLUMNS = {
     "blockX", "blockY", "blockZ", "graphNodeId", "bytes", "copyKind", "srcKind", "dstKind",
     "text", "textId", "eventType", "id", "value", "smCount", "totalMemory",
     "timestamp", "typeId", "metricId", "metricName", "memoryOperationType", "utcEpochNs",
-    "devStateName", "pid", "cuDevice", "memKind", "sourceId",
+    "devStateName", "pid", "cuDevice", "memKind", "sourceId", "syncType", "eventId",
 }
 _TABLE_SUFFIX = re.compile(r"(.*?)(_V\d+)?")  # used with fullmatch: no newline tricks
 

@@ -1,0 +1,132 @@
+"""Collectives matched across ranks inside the replay windows.
+
+The communication analyzer named each NCCL kernel's group (TP, EP, DP, ...) and its members;
+here the k-th kernel of a (group, collective) on each member's replay window is one instance
+(every member runs the same program). Its transfer starts when the last member arrives, so
+each member's waiting is an outcome of the replay, not an input. Not matched, and replayed
+with their captured duration (their peers taken to move as this rank does): PP send/recv
+(its peers run another stage's schedule; the pipeline's schedule model prices PP changes),
+instances whose members' windows hold different counts, and ranks whose peers are not in
+the profile (their waiting is the captured one: ``missing``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .engine import Instance
+from .trace import COMM, GpuTrace
+
+# members of one collective end within this of each other (NCCL's completion is one exchange;
+# clock alignment leaves a few us of skew, docs/comm.md)
+CO_TIMED_NS = 200_000
+
+
+def match(traces: list[GpuTrace], comm_kernels: list[pd.DataFrame], members: list[dict],
+          ranks: list) -> tuple[list[Instance], int, int]:
+    """(instances, matched comm ops, comm ops replayed as captured)."""
+    keyed = [_keyed(t, k) for t, k in zip(traces, comm_kernels)]
+    by_rank = {r: j for j, r in enumerate(ranks) if r is not None}
+    out, matched = [], 0
+    total = sum(int((t.ops.kind == COMM).sum()) for t in traces)
+    pairs = sorted({(g, c) for kd in keyed for g, c in zip(kd["group"], kd["collective"]) if g and g != "PP"})
+    for group, ctype in pairs:
+        seen = set()
+        for j, mem in enumerate(members):
+            ids = mem.get(group) if mem else None
+            gpus = tuple(sorted(by_rank[m] for m in ids if m in by_rank)) if ids else tuple(range(len(traces)))
+            if len(gpus) < 2 or gpus in seen or j not in gpus:
+                continue
+            seen.add(gpus)
+            seqs = [keyed[gj]["op"][(keyed[gj]["group"] == group) & (keyed[gj]["collective"] == ctype)]
+                    for gj in gpus]
+            ops = _co_timed(traces, gpus, seqs)
+            if ops is None:
+                continue
+            n = len(ops)
+            gi = np.broadcast_to(np.array(gpus), ops.shape)
+            starts = np.stack([traces[g].ops.start[ops[:, j]] + traces[g].shift_ns for j, g in enumerate(gpus)], axis=1)
+            ends = np.stack([traces[g].ops.start[ops[:, j]] + traces[g].ops.dur[ops[:, j]] + traces[g].shift_ns
+                             for j, g in enumerate(gpus)], axis=1)
+            transfer = np.clip(ends - starts.max(axis=1, keepdims=True), 0, None)
+            k = np.broadcast_to(np.arange(n)[:, None], ops.shape)
+            out.append(Instance(gpu=gi.ravel().astype(np.int64), op=ops.ravel().astype(np.int64),
+                                transfer=transfer.ravel().astype(np.int64), k=k.ravel().astype(np.int64),
+                                group=group))
+            matched += ops.size
+    return out, matched, total - matched
+
+
+def _keyed(t: GpuTrace, kernels: pd.DataFrame) -> dict:
+    """The trace's comm ops with the group and collective the analyzer gave them (by start)."""
+    ci = np.flatnonzero(t.ops.kind == COMM)
+    if kernels is None or kernels.empty or not len(ci):
+        return {"op": ci, "group": np.array([""] * len(ci), object), "collective": np.array([""] * len(ci), object)}
+    ks = kernels["start"].to_numpy(np.int64)
+    order = np.argsort(ks, kind="stable")
+    s = t.ops.start[ci] + t.shift_ns
+    pos = np.clip(np.searchsorted(ks[order], s), 0, len(ks) - 1)
+    hit = ks[order][pos] == s
+    row = order[pos]
+    group = np.where(hit, kernels["group"].astype(str).to_numpy()[row], "")
+    coll = np.where(hit, kernels["collective"].astype(str).to_numpy()[row], "")
+    return {"op": ci, "group": group, "collective": coll}
+
+
+def _co_timed(traces, gpus, seqs) -> np.ndarray | None:
+    """[instance, member] op indices: each kernel of the member with the fewest matched to the
+    kernel of every other member that ends nearest it (a collective completes on all members
+    together), kept where all of them end within CO_TIMED_NS and no kernel is used twice.
+    Window edges differ by a kernel or two between ranks, so counts alone would misalign."""
+    if any(len(s) == 0 for s in seqs):
+        return None
+    ends = [traces[g].ops.start[s] + traces[g].ops.dur[s] + traces[g].shift_ns for g, s in zip(gpus, seqs)]
+    ref = int(np.argmin([len(s) for s in seqs]))
+    # a long collective (a slow path) ends less sharply together: half its time at most
+    tol = np.maximum(CO_TIMED_NS, traces[gpus[ref]].ops.dur[seqs[ref]] // 2)
+    cols, ok = [], np.ones(len(seqs[ref]), bool)
+    for j, e in enumerate(ends):
+        if j == ref:
+            cols.append(np.arange(len(e)))
+            continue
+        i = np.clip(np.searchsorted(e, ends[ref]), 0, len(e) - 1)
+        prev = np.clip(i - 1, 0, len(e) - 1)
+        i = np.where(np.abs(e[prev] - ends[ref]) < np.abs(e[i] - ends[ref]), prev, i)
+        ok &= np.abs(e[i] - ends[ref]) <= tol
+        cols.append(i)
+    idx = np.stack(cols, axis=1)[ok]
+    for j in range(idx.shape[1]):  # one kernel, one instance
+        _, first = np.unique(idx[:, j], return_index=True)
+        keep = np.zeros(len(idx), bool)
+        keep[first] = True
+        idx = idx[keep]
+    if not len(idx):
+        return None
+    return np.stack([s[idx[:, j]] for j, s in enumerate(seqs)], axis=1)
+
+
+def segments(traces: list[GpuTrace], instances: list, group: str) -> list[np.ndarray]:
+    """Per GPU, per op: which matched ``group`` collective instance last started before it
+    (ids shared by the members: the k-th all-to-all on every EP rank is one), -1 before the
+    first. What runs between two such collectives on every member is one phase of the step."""
+    out = []
+    offsets, base = [], 0
+    for inst in instances:
+        offsets.append(base)
+        base += int(inst.k.max()) + 1 if len(inst.k) else 0
+    for gi, t in enumerate(traces):
+        starts, ids = [], []
+        for inst, off in zip(instances, offsets):
+            if inst.group != group:
+                continue
+            mine = inst.gpu == gi
+            starts.append(t.ops.start[inst.op[mine]])
+            ids.append(inst.k[mine] + off)
+        if not starts:
+            out.append(np.full(t.n_ops, -1, np.int64))
+            continue
+        s, i = np.concatenate(starts), np.concatenate(ids)
+        order = np.argsort(s, kind="stable")
+        pos = np.searchsorted(s[order], t.ops.start, side="right") - 1
+        out.append(np.where(pos >= 0, i[order][np.clip(pos, 0, None)], -1))
+    return out

@@ -1,0 +1,23 @@
+"""The replay's constants, each with its basis (docs/replay.md repeats them)."""
+from __future__ import annotations
+
+# A replayed window holds the first steady iterations up to this many ops per GPU: a long
+# capture's step is the same step again, and the replay's cost grows with its ops
+# (bench/RESULTS.md, replay). 200k ops is 2-40 steps of the corpus's Megatron jobs.
+MAX_TRACE_OPS = 200_000
+# The GPU's typical launch latency and back-to-back stream gap: this low quantile of the
+# measured values (the floor the hardware and driver reach when nothing else holds an op back)
+TYPICAL_QUANTILE = 0.10
+# The binding edge of an op keeps its measured latency above the typical one up to these caps
+# (ns); beyond them the op waited for something the graph does not hold (an untraced
+# dependency), which the replay reports as unexplained instead of keeping it. Basis: on
+# Hopper with CUPTI tracing, a kernel starts 3-30 us after its launch call begins when the
+# queue is empty; back-to-back kernels on a stream start 1-5 us apart; an event-released op
+# starts within a few us of the event; a blocking sync returns 5-50 us after its work ends
+# (the host thread is woken); the corpus's distributions: docs/replay.md.
+LATENCY_CAPS = {"launch": 50_000, "stream": 10_000, "event": 10_000, "wake": 50_000}
+# A host thread idle this long while another thread's call ended was waiting for that thread
+# (the autograd engine's device thread for the main thread's backward(), and back): longer
+# than the CPU time between two launches of one thread (median 10-40 us in the corpus's
+# host-bound captures), shorter than a layer's Python
+THREAD_WAIT_NS = 200_000

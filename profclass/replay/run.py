@@ -1,0 +1,312 @@
+"""The replay stage: the job's graph replayed as captured, without each wall, without the
+profiler, and with each fix; the fix plan. Takes the job's per-GPU traces, the collectives'
+groups and the chosen fixes (with their table rows); the analyzers do not know it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..classify import WALLS
+from . import collectives, engine, scenario, transforms
+from .engine import CALL, COMM_END, E_ARRIVE, E_EVENT, E_LAUNCH, E_SYNC, E_XFER, OP, RET
+from .trace import GpuTrace
+
+PLAN_STEPS = 4
+# a plan step must shorten the replayed step by this share of it: less is inside the replay's own
+# latency model and the run-to-run noise of a timer (5-10% of a step, docs/fixes.md)
+PLAN_MIN_GAIN_SHARE = 0.005
+
+
+@dataclass(frozen=True)
+class ReplayInputs:
+    traces: tuple  # GpuTrace per GPU, on the job's clock
+    comm_kernels: tuple  # per GPU: its NCCL kernels with their group (communication analyzer)
+    members: tuple  # per GPU: group -> member ranks
+    ranks: tuple
+    step_ns: tuple  # per GPU: the measured steady step
+    profiler_ns_per_step: tuple  # per GPU: host time the profiler's op ranges add (profiler analyzer)
+
+
+@dataclass(frozen=True)
+class FixPrice:
+    id: str
+    low_ms: float
+    best_ms: float
+    high_ms: float
+    basis: str
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    section: dict
+    prices: dict  # fix id -> FixPrice
+    plan: list
+    missing: list = field(default_factory=list)
+
+
+class Replayer:
+    """One job's graph and its captured weights; replays scenarios of it."""
+
+    def __init__(self, inp: ReplayInputs):
+        self.inp = inp
+        self.traces = list(inp.traces)
+        insts, self.matched, self.lone = collectives.match(self.traces, list(inp.comm_kernels),
+                                                          list(inp.members), list(inp.ranks))
+        self.graph = engine.build_graph(self.traces, insts)
+        self.captured = [scenario.captured(t) for t in self.traces]
+        self.groups = [collectives._keyed(t, k) for t, k in zip(self.traces, inp.comm_kernels)]
+        self.ctx = transforms.Context(
+            op_groups=tuple(_op_groups(t, kd) for t, kd in zip(self.traces, self.groups)),
+            ep_segments=tuple(collectives.segments(self.traces, insts, "EP")))
+        _, _, _, own = scenario.node_costs(self.graph, self.captured)
+        self.measured_end = _ends(self.graph, self.graph.meas, own, len(self.traces))
+        self.base = self.replay(self.captured)
+
+    def replay(self, weights) -> scenario.Outcome:
+        return scenario.run(self.graph, weights)
+
+    def step_ms(self, out: scenario.Outcome) -> float:
+        """The job's step (mean over GPUs, as the diagnosis's) after a replay: each GPU's
+        measured step moved by its replayed window's change."""
+        per = [(s + (e - m) / max(t.iterations, 1)) / 1e6
+               for s, e, m, t in zip(self.inp.step_ns, out.ends, self.measured_end, self.traces)]
+        return float(np.mean(per))
+
+    def delta_ms(self, out: scenario.Outcome) -> float:
+        """Replayed step change against the replay of the captured weights (its own error cancels)."""
+        return self.step_ms(out) - self.step_ms(self.base)
+
+    def critical_path_ms(self, out: scenario.Outcome, weights) -> dict:
+        return _critical_path(self, out, weights)
+
+
+def _op_groups(t: GpuTrace, kd: dict) -> np.ndarray:
+    g = np.full(t.n_ops, "", object)
+    g[kd["op"]] = kd["group"]
+    return g
+
+
+def _ends(g, times, own, n_gpus) -> np.ndarray:
+    out = np.full(n_gpus, engine.NEG, np.int64)
+    ok = g.gpu >= 0
+    np.maximum.at(out, g.gpu[ok], (times + own)[ok])
+    return out
+
+
+def _critical_path(r: Replayer, out: scenario.Outcome, weights) -> dict:
+    """ms per step of the slowest GPU's binding path, by wall."""
+    g = r.graph
+    off, lag, base, own = scenario.node_costs(g, weights)
+    steps = [(e - m) / max(t.iterations, 1) + s for e, m, t, s in
+             zip(out.ends, r.measured_end, r.traces, r.inp.step_ns)]
+    slow = int(np.argmax(steps))
+    mine = np.flatnonzero(g.gpu == slow)
+    sink = mine[np.argmax((out.t + own)[mine])]
+    nodes, how = engine.critical_path(g, out.t, off, lag, int(sink))
+    walls = np.zeros(len(WALLS))
+    host = WALLS.index("host")
+    parent_t = np.empty(len(nodes), np.int64)
+    # each on-path node's segment: from its binding predecessor's time to its own
+    seg = np.zeros(len(nodes), np.int64)
+    src_wall = np.full(len(nodes), host)
+    dur_part = np.zeros(len(nodes), np.int64)
+    op_wall = np.concatenate([scenario.op_walls(t) for t in r.traces]) if r.traces else np.zeros(0, np.int8)
+    call_wall = np.concatenate([scenario.call_walls(t) for t in r.traces]) if r.traces else np.zeros(0, np.int8)
+    op_base = np.concatenate([[0], np.cumsum([t.n_ops for t in r.traces])]).astype(np.int64)
+    call_base = np.concatenate([[0], np.cumsum([len(t.calls.c_start) for t in r.traces])]).astype(np.int64)
+    par = _parents(g, out.t, off, lag, nodes, how)
+    ok = par >= 0
+    parent_t[ok] = out.t[par[ok]]
+    seg[ok] = out.t[nodes[ok]] - parent_t[ok]
+    pt = np.where(ok, g.ntype[np.clip(par, 0, None)], -1)
+    pg = np.clip(g.gpu[np.clip(par, 0, None)], 0, None)
+    pref = g.ref[np.clip(par, 0, None)]
+    is_op_src = ok & (pt == OP)
+    dur_part[is_op_src] = np.minimum(own[par[is_op_src]], seg[is_op_src])
+    src_wall[is_op_src] = op_wall[op_base[pg[is_op_src]] + pref[is_op_src]]
+    is_call_src = ok & (pt == CALL)
+    src_wall[is_call_src] = call_wall[call_base[pg[is_call_src]] + pref[is_call_src]]
+    dur_part[is_call_src] = seg[is_call_src]  # host time
+    xfer = ok & (how == E_XFER)
+    src_wall[xfer] = WALLS.index("communication")
+    dur_part[xfer] = seg[xfer]
+    np.add.at(walls, src_wall, dur_part)
+    walls[host] += float((seg - dur_part)[ok].sum())  # latencies and gaps: the GPU waits
+    # the sink's own time
+    sink_dur = int(own[sink])
+    if g.ntype[sink] == OP:
+        walls[op_wall[op_base[g.gpu[sink]] + g.ref[sink]]] += sink_dur
+    else:
+        walls[host] += sink_dur
+    its = max(r.traces[slow].iterations, 1)
+    return {w: round(float(v) / its / 1e6, 3) for w, v in zip(WALLS, walls)}
+
+
+def _parents(g, t, off, lag, nodes, how) -> np.ndarray:
+    """Each on-path node's binding predecessor (-1 at the path's start)."""
+    par = np.full(len(nodes), -1, np.int64)
+    chain = how == -1
+    par[chain] = g.cprev[nodes[chain]]
+    cross = np.flatnonzero(how >= 0)
+    if len(cross):
+        live = lag > engine.NEG
+        hit = np.flatnonzero(live & (np.where(live, t[g.esrc] + lag, engine.NEG) == t[g.edst]))
+        order = np.argsort(g.edst[hit], kind="stable")
+        dst, first = np.unique(g.edst[hit][order], return_index=True)  # a destination's first binding edge
+        src = g.esrc[hit][order][first]
+        at = np.clip(np.searchsorted(dst, nodes[cross]), 0, max(len(dst) - 1, 0))
+        found = (dst[at] == nodes[cross]) if len(dst) else np.zeros(len(cross), bool)
+        par[cross[found]] = src[at[found]]
+    return par
+
+
+def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall: str,
+               also: tuple[str, ...] = ()) -> ReplayResult:
+    """The ``replay`` section, each chosen fix's replayed gain and the fix plan; ``also``: fix
+    ids priced too though not chosen (the gain-pair tables price the pair's fix)."""
+    r = Replayer(inp)
+    measured = float(np.mean(inp.step_ns)) / 1e6
+    step = r.step_ms(r.base)
+    without = {}
+    for wall in WALLS:
+        out = r.replay([transforms.without_wall(wall, t, w) for t, w in zip(r.traces, r.captured)])
+        without[wall] = round(r.step_ms(out) - step + measured, 3)
+    untraced = r.replay(_untraced(r))
+    its = [t.iterations for t in r.traces]
+    largest = min(without, key=lambda w: (without[w], WALLS.index(w)))
+    section = dict(
+        step_ms=round(step, 3), measured_step_ms=round(measured, 3),
+        error_pct=round(100.0 * (step - measured) / measured, 2) if measured else None,
+        critical_path_ms=r.critical_path_ms(r.base, r.captured), without_wall_ms=without,
+        untraced_step_ms=round(r.step_ms(untraced) - step + measured, 3),
+        largest_removal=largest, graph=_graph_facts(r, its))
+    if largest != verdict_wall and without[largest] < without.get(verdict_wall, measured) - 0.01 * measured:
+        section["note"] = _disagreement(verdict_wall, largest, without, measured)
+    prices = _price(r, chosen + [_requested(i) for i in also if i not in {f["id"] for f in chosen}], table)
+    plan = _plan(r, chosen, table, prices, step, measured)
+    if also:  # asked for by id (the gain-pair tables): only then in the section
+        section["requested"] = {i: vars(p) for i, p in prices.items() if i in also}
+    return ReplayResult(section=section, prices=prices, plan=plan, missing=_missing(r))
+
+
+def _untraced(r: Replayer):
+    """The host time the profiler's op ranges add, taken out of the CPU time between calls
+    (in proportion to it: the ranges wrap the ops those calls launch)."""
+    out = []
+    for t, w, p in zip(r.traces, r.captured, r.inp.profiler_ns_per_step):
+        total = float(w.c_gap.sum())
+        cut = min(float(p) * t.iterations, total)
+        f = 1.0 - cut / total if total > 0 else 1.0
+        out.append(replace(w, c_gap=(w.c_gap * f).astype(np.int64)))
+    return out
+
+
+def _graph_facts(r: Replayer, its: list[int]) -> dict:
+    g = r.graph
+    return dict(nodes=int(g.n), edges=int(len(g.esrc)), iterations=int(min(its)) if its else 0,
+                matched_collective_kernels=int(r.matched), unmatched_collective_kernels=int(r.lone),
+                edge_source=sorted({t.edge_source for t in r.traces}),
+                unexplained_ms_per_step=round(float(np.mean([t.unexplained_ns / max(t.iterations, 1)
+                                                             for t in r.traces])) / 1e6, 3))
+
+
+def _disagreement(verdict: str, largest: str, without: dict, measured: float) -> str:
+    gain_v = measured - without.get(verdict, measured)
+    gain_l = measured - without[largest]
+    return (f"the verdict is the {verdict} wall (the largest share of the step), but removing the {largest} "
+            f"wall shortens the replayed step most ({gain_l:.1f} vs {gain_v:.1f} ms/step): the {verdict} "
+            f"time is partly hidden behind other work, so the step does not fall by its share")
+
+
+def _requested(item: str) -> dict:
+    """A fix asked for by id, with the change a pair made where its transform takes it
+    ("host_bigger_launches:microbatch_factor=4")."""
+    fid, _, rest = item.partition(":")
+    change = dict(kv.split("=", 1) for kv in rest.split(",") if "=" in kv)
+    return {"id": fid, "request": item, "change": {k: float(v) for k, v in change.items()}}
+
+
+def _price(r: Replayer, chosen: list[dict], table: dict) -> dict:
+    prices = {}
+    for f in chosen:
+        spec = table.get(f["id"], {}).get("transform")
+        if spec and f.get("change"):
+            spec = {**spec, **{k: v for k, v in f["change"].items() if k in spec}}
+        if not spec:
+            continue
+        gains = {}
+        for point in transforms.POINTS:
+            w = transforms.apply(spec, point, r.traces, r.captured, r.ctx)
+            if w is None:
+                break
+            gains[point] = -r.delta_ms(r.replay(w))
+        if len(gains) < 3:
+            continue
+        lo, hi = min(gains.values()), max(gains.values())
+        prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
+                                   f"replay: {spec['kind']} ({_describe(spec)})")
+    return prices
+
+
+def _describe(spec: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("kind", "basis"))
+
+
+def _plan(r: Replayer, chosen, table, prices, step, measured) -> list[dict]:
+    """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS)."""
+    left = [f for f in chosen if f["id"] in prices and prices[f["id"]].best_ms > 0]
+    weights = r.captured
+    now = step
+    plan = []
+    while left and len(plan) < PLAN_STEPS:
+        trial = []
+        for f in left:
+            w = transforms.apply(table[f["id"]]["transform"], "best", r.traces, weights, r.ctx)
+            if w is None:
+                continue
+            out = r.replay(w)
+            trial.append((r.step_ms(out), f, w, out))
+        if not trial:
+            break
+        after, f, w, out = min(trial, key=lambda x: x[0])
+        if after >= now - PLAN_MIN_GAIN_SHARE * step:
+            break
+        cp = r.critical_path_ms(out, w)
+        plan.append(dict(id=f["id"], gain_ms=round(now - after, 2),
+                         step_ms_after=round(after - step + measured, 2),
+                         wall_after=max(cp, key=lambda k: (cp[k], -WALLS.index(k)))))
+        weights, now = w, after
+        left = [x for x in left if x is not f]
+    return plan
+
+
+def _missing(r: Replayer) -> list[str]:
+    out = []
+    if r.lone:
+        out.append(f"replay: {r.lone} collective kernels replayed with their captured time (PP send/recv, "
+                   "or peers outside the profile): their waiting moves with this rank, not with the peers")
+    if any(t.edge_source == "timing" for t in r.traces):
+        out.append("replay: no CUDA event tables in the export: cross-stream waits are not in the graph")
+    return out
+
+
+def priced(chosen: list[dict], prices: dict) -> list[dict]:
+    """The chosen fixes with each replayed gain in place of its share model's (the share
+    model's stays where the fix has no transform: its basis says so)."""
+    from ..fixes import rank_key
+    out = []
+    for f in chosen:
+        p = prices.get(f["id"])
+        if p is None:
+            if f.get("gain_basis"):
+                f = {**f, "gain_basis": f["gain_basis"] + " (share model: no replay transform)"}
+            out.append(f)
+            continue
+        step = f["expected_gain_ms"] / f["expected_gain_pct"] * 100 if f.get("expected_gain_pct") else None
+        out.append({**f, "expected_gain_ms": p.best_ms,
+                    "expected_gain_pct": round(100.0 * p.best_ms / step, 1) if step else f.get("expected_gain_pct"),
+                    "gain_low_ms": p.low_ms, "gain_high_ms": p.high_ms, "gain_basis": p.basis})
+    out.sort(key=rank_key)
+    return out

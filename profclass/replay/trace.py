@@ -1,0 +1,435 @@
+"""The replay's per-GPU input: one GPU's steady window as a dependency graph's raw parts.
+
+Built per file (``profclass.ranks``) from the ``GpuTimeline``, so only these arrays, not the
+timeline, reach the job level. Per op (kernel, copy, memset): its duration, stream, launch
+call and what kind of work it is; per host API call on the launching threads: its duration,
+the CPU time before it and, for a call that blocked on the GPU, the op it waited for; and
+the cross-stream edges of CUDA event record -> stream-wait-event pairs.
+
+Latencies are measured, not assumed: each op's start is explained by its binding
+predecessor (the launch call, the op before it on its stream, an event's source op); the
+binding edge keeps the measured latency up to a cap (``LATENCY_CAPS``), the others get the
+GPU's typical latency (its low quantile). What a cap cuts off is time the graph does not
+explain: ``unexplained_ns``, reported as the replay's blind spot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import intervals as iv
+from ..analyzers.compute import FUSION_FAMILIES
+from ..analyzers.host import GC_RANGES
+from ..analyzers.idle import ALLOC_CALLS, OFFLOAD_MIN_BYTES, SYNC_CALLS
+from ..analyzers.recompute import recomputed_spans
+from ..analyzers.sets import contains_per_distinct, name_matches
+from ..timeline import GpuTimeline
+from .constants import LATENCY_CAPS, MAX_TRACE_OPS, THREAD_WAIT_NS
+from .latency import inferred_edges, latencies
+
+# op kinds
+COMPUTE, COMM, COPY, MEMSET = 0, 1, 2, 3
+# call kinds
+LAUNCH, SYNC, ALLOC, OTHER = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The window's ops (kernels, copies, memsets), sorted by start."""
+
+    start: np.ndarray
+    dur: np.ndarray
+    stream: np.ndarray  # stream codes (0..)
+    kind: np.ndarray  # COMPUTE / COMM / COPY / MEMSET
+    gemm: np.ndarray  # bool
+    elementwise: np.ndarray  # bool: fusion candidates (compute.FUSION_FAMILIES)
+    recomputed: np.ndarray  # bool: inside the recomputed forward (memory wall)
+    offload: np.ndarray  # bool: host<->device activation/optimizer offload copies (memory wall)
+    launch: np.ndarray  # index of the launching call, -1 when outside the window/unknown
+    launch_lag: np.ndarray  # ns from the launch call's start to the op's start when not blocked
+    stream_gap: np.ndarray  # ns from the stream predecessor's end
+
+
+@dataclass(frozen=True)
+class Calls:
+    """API calls on the launching threads, sorted by (tid, start); calls that neither launch,
+    block nor allocate are folded into the CPU time before the next kept one."""
+
+    c_start: np.ndarray
+    c_dur: np.ndarray  # the call's own time (blocking calls: without the wait)
+    c_tid: np.ndarray
+    c_kind: np.ndarray  # LAUNCH / SYNC / ALLOC / OTHER
+    c_gap: np.ndarray  # CPU time since the previous call of the thread ended
+    c_gc: np.ndarray  # of which inside garbage-collection NVTX ranges
+    c_target: np.ndarray  # op a blocking call waited for, -1: it did not wait
+    c_wake: np.ndarray  # ns from that op's end to the call's return
+    c_recomputed: np.ndarray  # bool: host work of the recomputed forward
+
+
+@dataclass(frozen=True)
+class Edges:
+    """Cross-stream edges (op e_dst waits for op e_src's end, + e_lag ns: CUDA events, or
+    timing where a wait's record is not traced) and host threads' hand-offs (call h_dst
+    waited for call h_src of another thread, + h_lag ns)."""
+
+    e_src: np.ndarray
+    e_dst: np.ndarray
+    e_lag: np.ndarray
+    e_from_start: np.ndarray  # bool: from the source's start (a shared hardware queue), not its end
+    h_src: np.ndarray
+    h_dst: np.ndarray
+    h_lag: np.ndarray
+
+
+@dataclass(frozen=True)
+class GpuTrace:
+    """One GPU's replay window (times on the file's own clock; ``shift_ns`` is added by the
+    job level, as clock alignment moved the summary)."""
+
+    lo: int  # window start (first replayed steady iteration)
+    hi: int  # window end
+    iterations: int  # steady iterations in [lo, hi)
+    ops: Ops
+    calls: Calls
+    edges: Edges
+    edge_source: str  # "cuda events" (plus timing where a wait's record is not traced) or "timing"
+    measured_end: int  # last op or call end in the window (the replay's reference)
+    unexplained_ns: int  # waiting no edge explains (latencies above their caps)
+    shift_ns: int = 0
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops.start)
+
+
+def _window(gpu: GpuTimeline) -> tuple[int, int, int]:
+    """The steady iterations replayed: all of them, or the first ones up to MAX_TRACE_OPS ops
+    (a long capture's step is the same step again: replaying more adds time, not fidelity)."""
+    st = gpu.steady
+    if st.empty:
+        return gpu.window[0], gpu.window[1], 0
+    starts = st["start"].to_numpy(np.int64)
+    ends = st["step_end"].to_numpy(np.int64) if "step_end" in st else st["end"].to_numpy(np.int64)
+    op_starts = gpu.ops["start"].to_numpy(np.int64)
+    counts = np.searchsorted(op_starts, ends) - np.searchsorted(op_starts, starts)
+    k = max(1, int(np.searchsorted(np.cumsum(counts), MAX_TRACE_OPS, side="right")))
+    k = min(k, len(starts))
+    return int(starts[0]), int(ends[k - 1]), k
+
+
+def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None) -> GpuTrace:
+    lo, hi, its = _window(gpu)
+    o = gpu.ops
+    s_all = o["start"].to_numpy(np.int64)
+    sel = slice(np.searchsorted(s_all, lo), np.searchsorted(s_all, hi))
+    ops = o.iloc[sel]
+    start = ops["start"].to_numpy(np.int64)
+    end = ops["end"].to_numpy(np.int64)
+    n = len(start)
+    opname = ops["op"].astype(str).to_numpy()
+    is_comm = ops["is_comm"].to_numpy(bool)
+    kind = np.where(opname == "memcpy", COPY, np.where(opname == "memset", MEMSET,
+                                                       np.where(is_comm, COMM, COMPUTE))).astype(np.int8)
+    stream = pd.factorize(ops["stream"].to_numpy(np.int64))[0].astype(np.int64)
+    calls = _calls(gpu, lo, hi)
+    launch = _launch_index(ops["correlation"].to_numpy(np.int64), ops["launch_start"].to_numpy(np.int64), calls)
+    recomputed = _recomputed(ops, kind, lo, hi)
+    offload = ((kind == COPY) & ops["kind"].astype(str).isin(["HtoD", "DtoH"]).to_numpy()
+               & (ops["bytes"].to_numpy(np.int64) >= OFFLOAD_MIN_BYTES) & ops["pinned"].to_numpy(bool))
+    e_src, e_dst, source = _event_edges(ops, stream, sync_events, gpu.pid)
+    from_start = np.zeros(len(e_src), bool)
+    c_end = calls["end"].to_numpy(np.int64)
+    lags, gaps, e_lag, unexplained, waiting = latencies(start, end, stream, launch, calls["start"], e_src, e_dst,
+                                                        c_end=c_end)
+    if waiting.any():
+        # an op that waited for something no traced edge names (an event recorded with
+        # cudaEventRecordWithFlags, which CUPTI does not report, or no event tables at all)
+        # waited for the op of another stream that ended just before it started
+        i_src, i_dst, i_start = inferred_edges(start, end, stream, np.flatnonzero(waiting))
+        if len(i_src):
+            e_src, e_dst = np.concatenate([e_src, i_src]), np.concatenate([e_dst, i_dst])
+            from_start = np.concatenate([from_start, i_start])
+            lags, gaps, e_lag, unexplained, _ = latencies(start, end, stream, launch, calls["start"], e_src, e_dst,
+                                                          from_start, c_end)
+    c = _call_frame(calls, start, end, launch, recomputed, gpu.nvtx, lo, hi)
+    remap = c.pop("remap")
+    launch = np.where(launch >= 0, remap[np.clip(launch, 0, None)] if len(remap) else -1, -1)
+    measured_end = int(max(end.max(initial=lo), calls["start"].to_numpy(np.int64).max(initial=lo)))
+    unexplained += int(np.clip(c["c_wake"] - LATENCY_CAPS["wake"], 0, None).sum())
+    h = {k: c.pop(k) for k in ("h_src", "h_dst", "h_lag")}
+    return GpuTrace(
+        lo=lo, hi=hi, iterations=its,
+        ops=Ops(start=start, dur=end - start, stream=stream, kind=kind, gemm=ops["is_gemm"].to_numpy(bool),
+                elementwise=_elementwise(ops, kind), recomputed=recomputed, offload=offload, launch=launch,
+                launch_lag=lags, stream_gap=gaps),
+        calls=Calls(**c), edges=Edges(e_src=e_src, e_dst=e_dst, e_lag=e_lag, e_from_start=from_start, **h),
+        edge_source=source, measured_end=measured_end, unexplained_ns=unexplained)
+
+
+def _calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
+    """The window's API calls on the threads that launched its ops, sorted by (tid, start)."""
+    rt = gpu.runtime
+    if rt.empty:
+        return pd.DataFrame({c: np.zeros(0, np.int64) for c in ("start", "end", "tid", "correlation")}
+                            | {"name": np.zeros(0, object), "closing": np.zeros(0, bool)})
+    s = rt["start"].to_numpy(np.int64)
+    inside = (s >= lo) & (s < hi)
+    w = rt[inside]
+    launched = set(np.unique(w.loc[w["correlation"].isin(gpu.ops["correlation"]), "tid"].to_numpy()))
+    # each launching thread's first call after the window closes it: the host time after the
+    # window's last launch (the optimizer's Python, a GC pause, logging) is the CPU time
+    # before that call, part of the step the replay must hold
+    after = rt[(s >= hi) & rt["tid"].isin(launched)].sort_values("start", kind="stable").drop_duplicates("tid")
+    w = w[w["tid"].isin(launched)] if launched else w
+    w = pd.concat([w.assign(closing=False), after.assign(closing=True)], ignore_index=True)
+    w = w.sort_values(["tid", "start"], kind="stable").reset_index(drop=True)
+    # a driver call inside a runtime call (cuLaunchKernel inside cudaLaunchKernel) is the same
+    # CPU time: keep the outer one
+    e = w["end"].to_numpy(np.int64)
+    tid = w["tid"].to_numpy()
+    run_end = _running_max_by_group(e, tid)
+    nested = np.zeros(len(w), bool)
+    nested[1:] = (tid[1:] == tid[:-1]) & (w["start"].to_numpy(np.int64)[1:] < run_end[:-1])
+    return w[~nested].reset_index(drop=True)
+
+
+def _running_max_by_group(v: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Running maximum of ``v`` restarted at each new ``group`` (rows sorted by group)."""
+    if len(v) == 0:
+        return v
+    seg = np.concatenate([[0], np.cumsum(group[1:] != group[:-1])])
+    off = seg.astype(np.int64) * (2 ** 62 // max(int(seg[-1]) + 1, 1))
+    base = v - v.min()
+    return np.maximum.accumulate(base + off) - off + v.min()
+
+
+def _launch_index(corr: np.ndarray, launch_start: np.ndarray, calls: pd.DataFrame) -> np.ndarray:
+    cc = calls["correlation"].to_numpy(np.int64)
+    order = np.argsort(cc, kind="stable")
+    pos = np.searchsorted(cc[order], corr)
+    pos = np.clip(pos, 0, max(len(cc) - 1, 0))
+    found = (len(cc) > 0) & (launch_start >= 0) & (corr > 0)
+    if len(cc):
+        found &= cc[order][pos] == corr
+    return np.where(found, order[pos] if len(cc) else -1, -1).astype(np.int64)
+
+
+def _recomputed(ops: pd.DataFrame, kind: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Ops inside the recomputed forward (``recompute.recomputed_spans``): its compute kernels
+    and everything that ran with them (its collectives, copies)."""
+    comp = ops[kind == COMPUTE]
+    if comp.empty:
+        return np.zeros(len(ops), bool)
+    spans = iv.clip(recomputed_spans(comp), lo, hi)
+    if not len(spans[0]):
+        return np.zeros(len(ops), bool)
+    s = ops["start"].to_numpy(np.int64)
+    k = np.searchsorted(spans[0], s, side="right") - 1
+    return (k >= 0) & (s < spans[1][np.clip(k, 0, None)])
+
+
+def _elementwise(ops: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
+    """Compute kernels of the families a fusion flag replaces (``compute.FUSION_FAMILIES``)."""
+    return (np.asarray(name_matches(ops["name"], FUSION_FAMILIES), bool) & (kind == COMPUTE)
+            & ~ops["is_gemm"].to_numpy(bool))
+
+
+def _event_edges(ops: pd.DataFrame, stream: np.ndarray, ev: pd.DataFrame | None, pid: int):
+    """(src, dst) op pairs of CUDA event waits: a stream-wait-event makes the first op launched
+    on the waiting stream after it wait for the last op launched on the recording stream
+    before the event's record (correlation ids order the API calls of a process)."""
+    empty = np.zeros(0, np.int64)
+    if ev is None or ev.empty:
+        return empty, empty, "timing"
+    ev = ev[ev["pid"] == pid] if "pid" in ev else ev
+    rec = ev[ev["kind"] == 0]
+    # which synchronisation a row is, by what it names: CUPTI's syncType numbers moved between
+    # releases (nsys 2024.2.3 with CUDA 13 writes 3 for cudaStreamWaitEvent, which its own enum
+    # table calls a stream synchronize); a stream wait names both a stream and an event
+    unknown = 0xFFFFFFFF
+    wait = ev[(ev["kind"] != 0) & (ev["stream"] != unknown) & (ev["event"] != unknown)]
+    if rec.empty or wait.empty:
+        return empty, empty, "cuda events"
+    raw_stream = ops["stream"].to_numpy(np.int64)
+    corr = ops["correlation"].to_numpy(np.int64)
+    # ops keyed by (stream, launch correlation)
+    okey = (raw_stream << 32) | (corr & 0xFFFFFFFF)
+    oorder = np.argsort(okey, kind="stable")
+    okey_s = okey[oorder]
+    rkey = (rec["event"].to_numpy(np.int64) << 32) | (rec["correlation"].to_numpy(np.int64) & 0xFFFFFFFF)
+    rorder = np.argsort(rkey, kind="stable")
+    rkey_s = rkey[rorder]
+    wev = wait["event"].to_numpy(np.int64)
+    wcorr = wait["correlation"].to_numpy(np.int64)
+    r = np.searchsorted(rkey_s, (wev << 32) | (wcorr & 0xFFFFFFFF)) - 1
+    ok = (r >= 0) & ((rkey_s[np.clip(r, 0, None)] >> 32) == wev)
+    rrow = rorder[np.clip(r, 0, None)]
+    rstream = rec["stream"].to_numpy(np.int64)[rrow]
+    rcorr = rec["correlation"].to_numpy(np.int64)[rrow]
+    src = np.searchsorted(okey_s, (rstream << 32) | (rcorr & 0xFFFFFFFF)) - 1
+    ok &= (src >= 0) & ((okey_s[np.clip(src, 0, None)] >> 32) == rstream)
+    wstream = wait["stream"].to_numpy(np.int64)
+    dst_s = np.searchsorted(okey_s, (wstream << 32) | (wcorr & 0xFFFFFFFF))
+    ok &= (dst_s < len(okey_s)) & ((okey_s[np.clip(dst_s, 0, len(okey_s) - 1)] >> 32) == wstream)
+    dst = oorder[np.clip(dst_s, 0, len(okey_s) - 1)]
+    src_i = oorder[np.clip(src, 0, None)][ok]
+    dst_i = dst[ok]
+    start = ops["start"].to_numpy(np.int64)
+    end = ops["end"].to_numpy(np.int64)
+    # an edge the measured times contradict was not binding in this capture's order
+    keep = (src_i != dst_i) & (end[src_i] <= start[dst_i]) & (stream[src_i] != stream[dst_i])
+    pairs = np.unique(np.stack([src_i[keep], dst_i[keep]]), axis=1) if keep.any() else np.zeros((2, 0), np.int64)
+    return pairs[0].astype(np.int64), pairs[1].astype(np.int64), "cuda events"
+
+
+def _call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, hi) -> dict:
+    """The host threads' calls: own time, CPU time before each, GC inside it, and what a
+    blocking call waited for."""
+    cs = calls["start"].to_numpy(np.int64)
+    ce = calls["end"].to_numpy(np.int64)
+    tid = calls["tid"].to_numpy(np.int64)
+    m = len(cs)
+    kind = _call_kinds(calls["name"], launch, m)
+    same = np.zeros(m, bool)
+    same[1:] = tid[1:] == tid[:-1]
+    gap = np.zeros(m, np.int64)
+    gap[1:] = np.where(same[1:], np.clip(cs[1:] - ce[:-1], 0, None), 0)
+    gc = _gc_in_gaps(nvtx, cs, ce, same, lo, hi)
+    target, wake, dur = _blocking(cs, ce, kind, start, end, launch)
+    rec_calls = _recomputed_calls(cs, ce, launch, recomputed)
+    # calls that neither launch, block nor allocate are CPU time like any other: folded into
+    # the gap before the next kept call of their thread (a third of the graph's host nodes)
+    keep = (kind == LAUNCH) | (kind == ALLOC) | (target >= 0) | calls["closing"].to_numpy(bool)
+    gap, gc, sel, remap = _fold(keep, gap, gc, ce - cs, same)
+    gap, h = _thread_waits(cs[sel], ce[sel], tid[sel], gap[sel])
+    return dict(c_start=cs[sel], c_dur=dur[sel].astype(np.int64), c_tid=tid[sel], c_kind=kind[sel],
+                c_gap=gap, c_gc=gc[sel], c_target=target[sel].astype(np.int64),
+                c_wake=wake[sel].astype(np.int64), c_recomputed=rec_calls[sel], remap=remap, **h)
+
+
+def _call_kinds(names, launch, m) -> np.ndarray:
+    kind = np.full(m, OTHER, np.int8)
+    if m:
+        kind[np.asarray(name_matches(names, ALLOC_CALLS), bool)] = ALLOC
+        kind[np.asarray(name_matches(names, SYNC_CALLS), bool)] = SYNC
+    is_launch = np.zeros(m, bool)
+    is_launch[launch[launch >= 0]] = True
+    kind[is_launch & (kind == OTHER)] = LAUNCH
+    return kind
+
+
+def _blocking(cs, ce, kind, start, end, launch):
+    """(target, wake, own duration) per call: a sync call, or a copy call whose copy ended
+    inside it, blocked on the GPU until the op whose end released it (the latest op end
+    inside the call) ended; its own time is then what it took beyond that, up to the wake cap."""
+    m = len(cs)
+    order = np.argsort(end, kind="stable")
+    k = np.searchsorted(end[order], ce, side="right") - 1
+    cand = np.where(k >= 0, order[np.clip(k, 0, None)], -1)
+    waited = (cand >= 0) & (end[np.clip(cand, 0, None)] > cs)
+    own_copy = np.zeros(m, bool)
+    if len(launch):
+        lk = launch >= 0
+        own_copy[launch[lk]] = end[lk] <= ce[launch[lk]]
+    blocking = waited & ((kind == SYNC) | own_copy)
+    target = np.where(blocking, cand, -1)
+    # kept as measured: a return long after the awaited op's end (the host thread descheduled,
+    # a wait the call hid) is real time the step keeps; beyond the wake cap it is reported as
+    # unexplained
+    wake = np.where(blocking, np.clip(ce - end[np.clip(cand, 0, None)], 0, None), 0)
+    dur = np.where(blocking, np.minimum(ce - cs, np.maximum(wake, 1)), ce - cs)
+    return target, wake, dur
+
+
+def _recomputed_calls(cs, ce, launch, recomputed) -> np.ndarray:
+    """Calls inside the stretches of host work that launched the recomputed forward (its
+    Python between its launches, same thread)."""
+    m = len(cs)
+    rl = launch[recomputed & (launch >= 0)] if m else np.zeros(0, np.int64)
+    if not len(rl):
+        return np.zeros(m, bool)
+    runs = _runs(np.sort(rl))
+    spans = iv.union(cs[runs[0]], ce[runs[1]])
+    k = np.searchsorted(spans[0], cs, side="right") - 1
+    return (k >= 0) & (cs < spans[1][np.clip(k, 0, None)])
+
+
+def _fold(keep, gap, gc, own, same):
+    """(gap, gc, kept rows, old row -> kept row) with each dropped call's time and the CPU
+    time before it added to the gap before the next kept call of its thread."""
+    m = len(keep)
+    if not m or keep.all():
+        return gap, gc, np.arange(m), np.arange(m)
+    kept = np.flatnonzero(keep)
+    start = ~same
+    start[0] = True
+    # the row after which a kept call's folded time begins: the previous kept call of its
+    # thread, else the row before the thread's first
+    mark = np.where(keep, np.arange(m), np.where(start, np.arange(m) - 1, -2))
+    q = np.maximum.accumulate(mark)
+    q_before = np.where(kept > 0, q[np.clip(kept - 1, 0, None)], -1)
+    q_before = np.where(start[kept], kept - 1, np.maximum(q_before, -1))
+    out = []
+    for vals, base in ((np.where(keep, 0, gap + own), gap), (np.where(keep, 0, gc), gc)):
+        run = np.concatenate([[0], np.cumsum(vals)])  # run[i]: the sum of rows < i
+        added = base.copy()
+        added[kept] += run[kept] - run[q_before + 1]
+        out.append(added)
+    remap = np.full(m, -1, np.int64)
+    remap[kept] = np.arange(len(kept))
+    return out[0], out[1], kept, remap
+
+
+def _thread_waits(cs, ce, tid, gap):
+    """Host threads hand work to each other (the main thread's backward() wakes the autograd
+    engine's device thread and waits for it): a thread's first call, or a call after an idle
+    stretch during which another thread's call ended, waited for that call. The edge keeps the
+    measured time from that call's end; the idle stretch is no CPU work of this thread."""
+    m = len(cs)
+    first = np.ones(m, bool)
+    first[1:] = tid[1:] != tid[:-1]
+    prev_end = np.where(first, np.iinfo(np.int64).min // 4, np.concatenate([[0], ce[:-1]]))
+    cand_dst = np.flatnonzero(first | (gap > THREAD_WAIT_NS))
+    order = np.argsort(ce, kind="stable")
+    ends = ce[order]
+    k = np.searchsorted(ends, cs[cand_dst], side="right") - 1
+    src = np.full(len(cand_dst), -1, np.int64)
+    for back in range(8):  # the latest ends may be this thread's own: step back a few
+        kk = k - back
+        ok = (kk >= 0) & (src < 0)
+        c = order[np.clip(kk, 0, None)]
+        ok &= tid[c] != tid[cand_dst]
+        src = np.where(ok, c, src)
+    hit = src >= 0
+    hit[hit] &= ce[src[hit]] > prev_end[cand_dst[hit]]  # it ended while this thread was idle
+    dst, src = cand_dst[hit], src[hit]
+    gap = gap.copy()
+    gap[dst] = 0
+    return gap, dict(h_src=src.astype(np.int64), h_dst=dst.astype(np.int64),
+                     h_lag=(cs[dst] - ce[src]).astype(np.int64))
+
+
+def _runs(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First and last of each run of consecutive call indices (a recomputed stretch of launches
+    with no other launches between them)."""
+    if len(idx) == 0:
+        return idx, idx
+    brk = np.flatnonzero(np.diff(idx) > 8) + 1  # a few non-recomputed calls (syncs) inside stay in
+    firsts = np.concatenate([[0], brk])
+    lasts = np.concatenate([brk - 1, [len(idx) - 1]])
+    return idx[firsts], idx[lasts]
+
+
+def _gc_in_gaps(nvtx: pd.DataFrame, cs, ce, same, lo, hi) -> np.ndarray:
+    m = len(cs)
+    if nvtx is None or nvtx.empty or m == 0:
+        return np.zeros(m, np.int64)
+    g = nvtx[contains_per_distinct(nvtx["text"], GC_RANGES)]
+    if g.empty:
+        return np.zeros(m, np.int64)
+    sets = iv.union(g["start"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
+    prev_end = np.concatenate([[cs[0] if m else 0], ce[:-1]])
+    prev_end = np.where(same, prev_end, cs)
+    return (iv.covered_before(sets, cs) - iv.covered_before(sets, np.minimum(prev_end, cs))).astype(np.int64)

@@ -1,0 +1,256 @@
+"""What each change does to the graph's weights: the walls removed (``without_wall_ms``), the
+profiler's overhead removed (``untraced_step_ms``) and every fix's transform, declared beside
+its row in ``data/fixes.toml`` (``transform = { kind = ..., ... }``; docs/fixes.md says each
+one's assumptions).
+
+A transform's uncertain parameter is a triple ``[low, best, high]`` of the *gain's* low end,
+best estimate and high end (for a duration factor, the largest factor first), fixed here and
+in the table before any pair was looked at; ``point`` picks one of the three.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .scenario import Weights, drop_calls, drop_ops
+from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
+
+POINTS = ("low", "best", "high")
+
+
+def _pick(param, point: str) -> float:
+    if isinstance(param, (list, tuple)):
+        return float(param[POINTS.index(point)])
+    return float(param)
+
+
+def _selected_ops(t: GpuTrace, which: str, groups: np.ndarray | None) -> np.ndarray:
+    if which == "gemm":
+        return t.ops.gemm & (t.ops.kind == COMPUTE)
+    if which == "fusable":
+        return t.ops.elementwise
+    if which == "compute":
+        return t.ops.kind == COMPUTE
+    if which.startswith("group:"):
+        names = which.split(":", 1)[1].split(",")
+        return (t.ops.kind == COMM) & np.isin(groups, names) if groups is not None else np.zeros(t.n_ops, bool)
+    raise ValueError(f"unknown op selector {which!r}")
+
+
+def without_wall(wall: str, t: GpuTrace, w: Weights) -> Weights:
+    """The GPU's weights with one wall's time taken out."""
+    if wall == "compute":
+        return replace(w, op_dur=np.where((t.ops.kind == COMPUTE) & ~t.ops.recomputed, 0, w.op_dur))
+    if wall == "communication":
+        return replace(w, op_dur=np.where(t.ops.kind == COMM, 0, w.op_dur), transfer_scale=np.zeros(t.n_ops))
+    if wall == "host":
+        # an infinitely fast CPU: calls and the time between them cost nothing (the GPU's own
+        # launch latency stays)
+        return replace(w, c_dur=np.zeros_like(w.c_dur), c_gap=np.zeros_like(w.c_gap), h_lag=np.zeros_like(w.h_lag))
+    if wall == "memory":
+        w = drop_ops(t, w, t.ops.recomputed | t.ops.offload)
+        return drop_calls(t, w, t.calls.c_recomputed | (t.calls.c_kind == ALLOC))
+    raise ValueError(wall)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What transforms read beside the traces: each op's collective group, and each op's
+    phase between EP all-to-alls (``collectives.segments``)."""
+
+    op_groups: tuple
+    ep_segments: tuple
+
+
+def apply(spec: dict, point: str, traces: list[GpuTrace], weights: list[Weights],
+          ctx: Context) -> list[Weights] | None:
+    """Every GPU's weights after the fix ``spec`` (its ``transform`` table); None when the
+    profile has nothing the transform acts on."""
+    return _KINDS[spec["kind"]](spec, point, traces, weights, ctx)
+
+
+def _scale(spec, point, traces, weights, ctx):
+    f = _pick(spec["factor"], point)
+    out, hit = [], False
+    for t, w, g in zip(traces, weights, ctx.op_groups):
+        sel = _selected_ops(t, spec["ops"], g)
+        hit |= bool(sel.any())
+        if spec["ops"].startswith("group:"):
+            # a matched collective's time is its transfer, an unmatched one's its duration
+            out.append(replace(w, transfer_scale=np.where(sel, w.transfer_scale * f, w.transfer_scale),
+                               op_dur=np.where(sel, (w.op_dur * f).astype(np.int64), w.op_dur)))
+        else:
+            out.append(replace(w, op_dur=np.where(sel, (w.op_dur * f).astype(np.int64), w.op_dur)))
+    if hit and spec.get("unblock") == "small_d2h":
+        out = _unblock(spec, point, traces, out, ctx)
+    return out if hit else None
+
+
+def _drop_recomputed(spec, point, traces, weights, ctx):
+    if not any(t.ops.recomputed.any() for t in traces):
+        return None
+    keep = _pick(spec.get("keep", 0.0), point)  # share of the recomputed forward still re-run
+    out = []
+    for t, w in zip(traces, weights):
+        if keep > 0:
+            # selective recompute keeps re-running a share of it: the rest is dropped, taken
+            # evenly (every k-th recomputed op runs again)
+            idx = np.flatnonzero(t.ops.recomputed)
+            kept = idx[np.linspace(0, len(idx) - 1, int(round(keep * len(idx)))).astype(int)] if len(idx) else idx
+            ops = t.ops.recomputed.copy()
+            ops[kept] = False
+            cidx = np.flatnonzero(t.calls.c_recomputed)
+            ckept = cidx[np.linspace(0, len(cidx) - 1, int(round(keep * len(cidx)))).astype(int)] if len(cidx) else cidx
+            calls = t.calls.c_recomputed.copy()
+            calls[ckept] = False
+        else:
+            ops, calls = t.ops.recomputed, t.calls.c_recomputed
+        out.append(drop_calls(t, drop_ops(t, w, ops), calls))
+    return out
+
+
+def _graph_runs(t: GpuTrace) -> np.ndarray:
+    """Per call: the id of its capturable run (consecutive calls of a thread with no blocking
+    call or allocation among them: a CUDA graph can hold neither), -1 outside any."""
+    m = len(t.calls.c_start)
+    if m == 0:
+        return np.zeros(0, np.int64)
+    breaker = (t.calls.c_target >= 0) | (t.calls.c_kind == ALLOC) | (t.calls.c_kind != LAUNCH)
+    new_thread = np.ones(m, bool)
+    new_thread[1:] = t.calls.c_tid[1:] != t.calls.c_tid[:-1]
+    starts = breaker | new_thread
+    starts[1:] |= breaker[:-1]
+    run = np.cumsum(starts) - 1
+    run = np.where(breaker, -1, run)
+    sizes = np.bincount(run[run >= 0], minlength=int(run.max(initial=-1)) + 1)
+    ok = run >= 0
+    ok[ok] = sizes[run[ok]] >= 2  # one launch is no graph
+    return np.where(ok, run, -1)
+
+
+def _cuda_graphs(spec, point, traces, weights, ctx):
+    node_gap = _pick(spec["node_gap_ns"], point)
+    out, hit = [], False
+    for t, w in zip(traces, weights):
+        run = _graph_runs(t)
+        inside = run >= 0
+        if not inside.any():
+            out.append(w)
+            continue
+        hit = True
+        first = inside.copy()
+        first[1:] &= run[1:] != run[:-1]
+        # one graph launch per run (it costs what one launch call costs); the Python and the
+        # other launch calls of the run are gone
+        c_dur = np.where(inside & ~first, 0, w.c_dur)
+        c_gap = np.where(inside & ~first, 0, w.c_gap)
+        graphed_op = np.zeros(t.n_ops, bool)
+        has = t.ops.launch >= 0
+        graphed_op[has] = inside[t.ops.launch[has]]
+        # on the GPU, a graph's kernels follow each other node_gap_ns apart (the graph's
+        # per-node cost), not a launch latency apart
+        out.append(replace(w, c_dur=c_dur, c_gap=c_gap,
+                           stream_gap=np.where(graphed_op, np.minimum(w.stream_gap, int(node_gap)), w.stream_gap)))
+    return out if hit else None
+
+
+def _remove_gc(spec, point, traces, weights, ctx):
+    share = _pick(spec.get("removed", 1.0), point)
+    if not any(t.calls.c_gc.any() for t in traces):
+        return None
+    return [replace(w, c_gap=np.maximum(w.c_gap - (t.calls.c_gc * share).astype(np.int64), 0))
+            for t, w in zip(traces, weights)]
+
+
+def _unblock(spec, point, traces, weights, ctx):
+    """The host waits for small device-to-host copies (the alltoall dispatcher's token counts)
+    go: those calls no longer block."""
+    out, hit = [], False
+    for t, w in zip(traces, weights):
+        tg = t.calls.c_target
+        small = np.zeros(len(tg), bool)
+        ok = tg >= 0
+        small[ok] = (t.ops.kind[tg[ok]] == COPY) & (t.ops.dur[tg[ok]] < 50_000)
+        hit |= bool(small.any())
+        out.append(replace(w, c_blocks=w.c_blocks & ~small))
+    return out if hit else (weights if spec.get("kind") != "unblock" else None)
+
+
+def _host_rate(spec, point, traces, weights, ctx):
+    """The slowest host (CPU time between its calls per step) runs at the median rank's rate."""
+    if len(traces) < 2:
+        return None
+    busy = np.array([(w.c_gap.sum() + w.c_dur.sum()) / max(t.iterations, 1) for t, w in zip(traces, weights)])
+    med = float(np.median(busy))
+    worst = int(np.argmax(busy))
+    if busy[worst] <= med * 1.02:
+        return None
+    share = _pick(spec.get("recovered", 1.0), point)
+    f = 1.0 - share * (1.0 - med / busy[worst])
+    out = list(weights)
+    w = weights[worst]
+    out[worst] = replace(w, c_gap=(w.c_gap * f).astype(np.int64), c_dur=(w.c_dur * f).astype(np.int64))
+    return out
+
+
+def _balance(spec, point, traces, weights, ctx):
+    """Balanced routing: between two all-to-alls every EP rank computes the mean of what the
+    ranks computed there (an overloaded rank's extra tokens spread over the others)."""
+    if len(traces) < 2:
+        return None
+    share = _pick(spec.get("recovered", 1.0), point)
+    seg = ctx.ep_segments
+    n = max((int(s.max()) for s in seg if len(s)), default=-1) + 1
+    if n <= 0:
+        return None
+    sums = np.zeros((len(traces), n))
+    for gi, (t, w, s) in enumerate(zip(traces, weights, seg)):
+        sel = (t.ops.kind == COMPUTE) & (s >= 0)
+        np.add.at(sums[gi], s[sel], w.op_dur[sel])
+    present = sums > 0
+    mean = np.where(present.any(axis=0), sums.sum(axis=0) / np.maximum(present.sum(axis=0), 1), 0)
+    if not (sums > mean * 1.02).any() and not spec.get("host"):
+        return None
+    out = []
+    for gi, (t, w, s) in enumerate(zip(traces, weights, seg)):
+        f = np.where(sums[gi] > 0, 1.0 - share * (1.0 - mean / np.maximum(sums[gi], 1)), 1.0)
+        sel = (t.ops.kind == COMPUTE) & (s >= 0)
+        factor = np.ones(t.n_ops)
+        factor[sel] = f[s[sel]]
+        out.append(replace(w, op_dur=(w.op_dur * factor).astype(np.int64)))
+    if spec.get("host"):
+        # the overloaded rank's host also handles its extra tokens (the dispatcher's per-token
+        # work between its syncs): balanced, it issues at the median rank's rate
+        out = _host_rate(spec, point, traces, out, ctx) or out
+    return out
+
+
+def _drop_allocs(spec, point, traces, weights, ctx):
+    if not any((t.calls.c_kind == ALLOC).any() for t in traces):
+        return None
+    return [replace(w, c_dur=np.where(t.calls.c_kind == ALLOC, 0, w.c_dur)) for t, w in zip(traces, weights)]
+
+
+def _drop_offload(spec, point, traces, weights, ctx):
+    if not any(t.ops.offload.any() for t in traces):
+        return None
+    return [drop_ops(t, w, t.ops.offload) for t, w in zip(traces, weights)]
+
+
+def _fewer_launches(spec, point, traces, weights, ctx):
+    """A k times larger micro-batch (k times fewer of them): the same GPU work per step in k
+    times fewer, k times longer kernels, launched by k times less host work. The ops keep
+    their time; the host's time per step and the per-launch latencies fall by k."""
+    k = float(spec.get("microbatch_factor", 2.0))
+    share = _pick(spec.get("recovered", 1.0), point)
+    f = 1.0 - share * (1.0 - 1.0 / k)
+    return [replace(w, c_gap=(w.c_gap * f).astype(np.int64), c_dur=(w.c_dur * f).astype(np.int64),
+                    h_lag=(w.h_lag * f).astype(np.int64), launch_lag=(w.launch_lag * f).astype(np.int64),
+                    stream_gap=(w.stream_gap * f).astype(np.int64)) for w in weights]
+
+
+_KINDS = {"scale": _scale, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
+          "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
+          "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "fewer_launches": _fewer_launches}
+KINDS = tuple(_KINDS)

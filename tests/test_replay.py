@@ -1,0 +1,54 @@
+"""The replay on the real corpus: its fidelity table (docs/replay.md) recomputed from the JSON
+snapshots (which tests/test_json_snapshots.py recomputes from the profiles) and held to the
+issue's target, and the plan's and fixes' invariants on every snapshot."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+
+import pytest
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("replay_fidelity", ROOT / "fixtures" / "replay_fidelity.py")
+fidelity = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fidelity)
+SNAPSHOTS = sorted((ROOT / "tests" / "snapshots").glob("*.json"))
+DIAGNOSES = [p for p in SNAPSHOTS if not p.name.startswith("diff__")]
+
+
+def test_docs_table_is_the_one_the_snapshots_give():
+    assert fidelity.table(fidelity.rows()) in (ROOT / "docs" / "replay.md").read_text(), \
+        "docs/replay.md is out of date: python fixtures/replay_fidelity.py"
+
+
+def test_replayed_step_within_target_of_the_measured_one():
+    rows = [r for r in fidelity.rows() if r["judged"]]
+    assert len(rows) >= 40
+    errors = [abs(r["error"]) for r in rows]
+    assert max(errors) <= fidelity.MAX_ERR_PCT, [(r["name"], r["error"]) for r in rows
+                                                 if abs(r["error"]) > fidelity.MAX_ERR_PCT]
+    assert statistics.median(errors) <= fidelity.MAX_MEDIAN_PCT
+
+
+@pytest.mark.parametrize("snap", DIAGNOSES, ids=lambda p: p.stem)
+def test_plan_and_gains_never_claim_more_than_the_step(snap):
+    d = json.loads(snap.read_text())
+    r, plan = d["replay"], d["plan"]
+    if not r:
+        return
+    step = r["measured_step_ms"]
+    assert sum(p["gain_ms"] for p in plan) <= step + 1e-6
+    # each plan step shortens the step, and the step after it is what the gains leave
+    left = step
+    for p in plan:
+        assert p["gain_ms"] > 0 and p["wall_after"] in ("compute", "communication", "host", "memory")
+        left -= p["gain_ms"]
+        assert abs(p["step_ms_after"] - left) <= 0.05 * len(plan)
+    for w, v in r["without_wall_ms"].items():
+        assert 0 <= v <= step * 1.05, (w, v)
+    for f in d["fixes"]:
+        if (f.get("gain_basis") or "").startswith("replay:"):
+            assert f["gain_low_ms"] <= f["expected_gain_ms"] + 0.01 <= f["gain_high_ms"] + 0.02
+            assert f["expected_gain_ms"] <= step

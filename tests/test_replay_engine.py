@@ -1,0 +1,154 @@
+"""The replay's engine on small graphs whose longest paths are worked out by hand: chains,
+launches, CUDA event waits, blocking syncs, thread hand-offs and a collective matched across
+two ranks, then the same graphs under changes (an op dropped, a call no longer blocking)."""
+from __future__ import annotations
+
+import numpy as np
+
+from profclass.replay import engine, scenario
+from profclass.replay.engine import Instance
+from profclass.replay.trace import COMM, COMPUTE, LAUNCH, SYNC, Calls, Edges, GpuTrace, Ops
+
+US = 1_000
+
+
+def _trace(ops: list[tuple], calls: list[tuple], events=(), threads=(), lo=0) -> GpuTrace:
+    """ops: (start, dur, stream, kind, launch call, launch_lag, stream_gap); calls: (start,
+    dur, tid, kind, gap, target, wake); events: (src op, dst op, lag); threads: (src, dst, lag)."""
+    o = np.array(ops, dtype=np.int64).reshape(-1, 7)
+    c = np.array(calls, dtype=np.int64).reshape(-1, 7)
+    ev = np.array(events, dtype=np.int64).reshape(-1, 3)
+    th = np.array(threads, dtype=np.int64).reshape(-1, 3)
+    n, m = len(o), len(c)
+    return GpuTrace(
+        lo=lo, hi=int(max(o[:, 0].max(initial=0), c[:, 0].max(initial=0))) + 1, iterations=1,
+        ops=Ops(start=o[:, 0], dur=o[:, 1], stream=o[:, 2], kind=o[:, 3].astype(np.int8),
+                gemm=np.zeros(n, bool), elementwise=np.zeros(n, bool), recomputed=np.zeros(n, bool),
+                offload=np.zeros(n, bool), launch=o[:, 4], launch_lag=o[:, 5], stream_gap=o[:, 6]),
+        calls=Calls(c_start=c[:, 0], c_dur=c[:, 1], c_tid=c[:, 2], c_kind=c[:, 3].astype(np.int8),
+                    c_gap=c[:, 4], c_gc=np.zeros(m, np.int64), c_target=c[:, 5], c_wake=c[:, 6],
+                    c_recomputed=np.zeros(m, bool)),
+        edges=Edges(e_src=ev[:, 0], e_dst=ev[:, 1], e_lag=ev[:, 2], e_from_start=np.zeros(len(ev), bool), h_src=th[:, 0], h_dst=th[:, 1],
+                    h_lag=th[:, 2]),
+        edge_source="cuda events", measured_end=0, unexplained_ns=0)
+
+
+def _times(trace_list, instances=()):
+    g = engine.build_graph(list(trace_list), list(instances))
+    w = [scenario.captured(t) for t in trace_list]
+    out = scenario.run(g, w)
+    return g, w, out
+
+
+def _op_start(g, out, gpu, op):
+    return int(out.t[g.op_node[gpu][op]])
+
+
+def test_a_launch_bound_stream_follows_its_host():
+    # three 5 us kernels launched 20 us apart (call 2 us + 18 us of CPU between calls), 4 us
+    # launch latency: the GPU waits for each launch
+    calls = [(0, 2 * US, 1, LAUNCH, 0, -1, 0), (20 * US, 2 * US, 1, LAUNCH, 18 * US, -1, 0),
+             (40 * US, 2 * US, 1, LAUNCH, 18 * US, -1, 0)]
+    ops = [(4 * US, 5 * US, 0, COMPUTE, 0, 4 * US, 0), (24 * US, 5 * US, 0, COMPUTE, 1, 4 * US, 1 * US),
+           (44 * US, 5 * US, 0, COMPUTE, 2, 4 * US, 1 * US)]
+    t = _trace(ops, calls)
+    g, w, out = _times([t])
+    assert [_op_start(g, out, 0, i) for i in range(3)] == [4 * US, 24 * US, 44 * US]
+    assert out.ends[0] == 49 * US
+    # a faster host (no CPU time between calls): the stream is now the bound
+    fast = [scenario.Weights(**{**vars(w[0]), "c_gap": np.zeros(3, np.int64)})]
+    out2 = scenario.run(g, fast)
+    # calls at 0, 2, 4 us; ops: 4, max(6, 4+5+1)=10, max(8, 10+5+1)=16
+    assert [int(out2.t[g.op_node[0][i]]) for i in range(3)] == [4 * US, 10 * US, 16 * US]
+    assert out2.ends[0] == 21 * US
+
+
+def test_an_event_wait_holds_the_other_stream_and_a_dropped_op_releases_it():
+    calls = [(0, 1 * US, 1, LAUNCH, 0, -1, 0), (2 * US, 1 * US, 1, LAUNCH, 1 * US, -1, 0)]
+    # op 0: 100 us on stream 0; op 1 on stream 1 waits for op 0's end (event, 2 us)
+    ops = [(5 * US, 100 * US, 0, COMPUTE, 0, 5 * US, 0), (107 * US, 10 * US, 1, COMPUTE, 1, 5 * US, 0)]
+    t = _trace(ops, calls, events=[(0, 1, 2 * US)])
+    g, w, out = _times([t])
+    assert _op_start(g, out, 0, 1) == 107 * US and out.ends[0] == 117 * US
+    dropped = scenario.drop_ops(t, w[0], np.array([True, False]))
+    out2 = scenario.run(g, [dropped])
+    # op 0 takes no time: op 1 starts at max(launch 2 + 5, op 0's start 5 + 0 + 2) = 7 us
+    assert int(out2.t[g.op_node[0][1]]) == 7 * US
+
+
+def test_a_blocking_sync_returns_after_its_op_and_unblocked_it_does_not_wait():
+    # launch (op 0, 50 us), then a sync that waited for op 0 (wake 3 us), then a launch of op 1
+    calls = [(0, 2 * US, 1, LAUNCH, 0, -1, 0), (3 * US, 1 * US, 1, SYNC, 1 * US, 0, 3 * US),
+             (60 * US, 2 * US, 1, LAUNCH, 2 * US, -1, 0)]
+    ops = [(5 * US, 50 * US, 0, COMPUTE, 0, 5 * US, 0), (65 * US, 5 * US, 0, COMPUTE, 2, 5 * US, 0)]
+    t = _trace(ops, calls)
+    g, w, out = _times([t])
+    ret = g.ret_node[0][1]
+    assert int(out.t[ret]) == 58 * US  # op 0 ends at 55, + 3 us wake
+    assert int(out.t[g.call_node[0][2]]) == 60 * US and _op_start(g, out, 0, 1) == 65 * US
+    free = scenario.Weights(**{**vars(w[0]), "c_blocks": np.zeros(3, bool)})
+    out2 = scenario.run(g, [free])
+    # no wait: the sync returns after its own 1 us (at 4), the next call 2 us later
+    assert int(out2.t[g.call_node[0][2]]) == 6 * US
+    assert int(out2.t[g.op_node[0][1]]) == 55 * US  # the stream is still busy until 55
+
+
+def test_a_thread_hand_off_moves_with_the_thread_it_waited_for():
+    # thread 1 launches op 0 after 30 us of CPU; thread 2's first call waited for it (+5 us)
+    calls = [(30 * US, 2 * US, 1, LAUNCH, 30 * US, -1, 0), (37 * US, 2 * US, 2, LAUNCH, 0, -1, 0)]
+    ops = [(35 * US, 5 * US, 0, COMPUTE, 0, 5 * US, 0), (42 * US, 5 * US, 0, COMPUTE, 1, 5 * US, 2 * US)]
+    t = _trace(ops, calls, threads=[(0, 1, 5 * US)])
+    g, w, out = _times([t])
+    assert int(out.t[g.call_node[0][1]]) == 37 * US
+    # the first call of thread 1 is where the window pins it; halve thread 1's own time
+    half = scenario.Weights(**{**vars(w[0]), "c_dur": np.array([1 * US, 2 * US])})
+    out2 = scenario.run(g, [half])
+    assert int(out2.t[g.call_node[0][1]]) == 36 * US  # 30 + 1 + 5
+
+
+def test_a_collective_transfers_after_its_last_member_arrives():
+    # two ranks, one all-reduce each; rank 1 arrives 40 us late; transfer 10 us
+    def rank(arrive):
+        calls = [(0, 1 * US, 1, LAUNCH, 0, -1, 0), (arrive - 5 * US, 1 * US, 1, LAUNCH, arrive - 6 * US, -1, 0)]
+        ops = [(5 * US, 10 * US, 0, COMPUTE, 0, 5 * US, 0), (arrive, 60 * US - arrive, 1, COMM, 1, 5 * US, 0)]
+        return _trace(ops, calls)
+    r0, r1 = rank(20 * US), rank(50 * US)
+    inst = Instance(gpu=np.array([0, 1]), op=np.array([1, 1]), transfer=np.array([10 * US, 10 * US]),
+                    k=np.array([0, 0]), group="DP")
+    g, w, out = _times([r0, r1], [inst])
+    assert out.ends[0] == out.ends[1] == 60 * US
+    # rank 1's host 30 us faster: both ranks' collectives end 30 us sooner
+    fast = scenario.Weights(**{**vars(w[1]), "c_gap": np.array([0, 14 * US])})
+    out2 = scenario.run(g, [w[0], fast])
+    assert out2.ends[1] == 30 * US and out2.ends[0] == 30 * US
+    # no transfer: each ends when the last member arrives
+    none = [scenario.Weights(**{**vars(x), "transfer_scale": np.zeros(2)}) for x in w]
+    assert scenario.run(g, none).ends.tolist() == [50 * US, 50 * US]
+
+
+def test_the_solver_agrees_with_a_plain_longest_path_on_a_random_graph():
+    rng = np.random.default_rng(7)
+    n_calls, n_ops = 300, 300
+    gaps = rng.integers(0, 30 * US, n_calls)
+    cs = np.cumsum(gaps + 2 * US)
+    kinds = np.where(rng.random(n_calls) < 0.1, SYNC, LAUNCH)
+    calls = [(int(cs[i]), 2 * US, 1, int(kinds[i]), int(gaps[i]), -1, 0) for i in range(n_calls)]
+    ops = [(int(cs[i] + 5 * US), int(rng.integers(1, 40) * US), int(rng.integers(0, 3)), COMPUTE, i, 5 * US, US)
+           for i in range(n_ops)]
+    ev = [(i, i + 3, 2 * US) for i in range(0, n_ops - 3, 17)]
+    t = _trace(sorted(ops), calls, events=ev)
+    g = engine.build_graph([t], [])
+    off, lag, base, own = scenario.node_costs(g, [scenario.captured(t)])
+    got, _ = engine.solve(g, off, lag, base)
+    # reference: repeated relaxation until nothing moves (Bellman-Ford on the DAG)
+    ref = np.where(base > engine.NEG, base, engine.NEG).astype(np.int64)
+    for _ in range(g.n):
+        new = ref.copy()
+        has = g.cprev >= 0
+        new[has] = np.maximum(new[has], ref[g.cprev[has]] + off[has])
+        live = lag > engine.NEG
+        np.maximum.at(new, g.edst[live], ref[g.esrc[live]] + lag[live])
+        if np.array_equal(new, ref):
+            break
+        ref = new
+    assert np.array_equal(got, ref)
