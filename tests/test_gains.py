@@ -314,3 +314,22 @@ def test_fabric_saving_banks_only_what_the_host_waited_for():
     n = _numbers(slow_fabric=True, exposed_ep_ms=40.0, exposed_dp_transfer_ms=10.0, fabric_bankable=0.5)
     assert GAINS["fabric_ratio"](n).estimate_ms == pytest.approx(50 * (1 - 50 / 450) * 0.5)
     assert GAINS["fabric_ratio"](n).high_ms == pytest.approx(50.0)
+
+
+@pytest.fixture(scope="module")
+def replay_rows():
+    return gain_pairs.replay_rows(gain_pairs.replay_price)
+
+
+def test_docs_replay_table_is_the_one_the_profiles_give(replay_rows):
+    assert gain_pairs.replay_table(replay_rows) in (ROOT / "docs" / "fixes.md").read_text(), \
+        "docs/fixes.md is out of date: python fixtures/gain_pairs.py --replay"
+
+
+def test_recompute_off_is_priced_with_the_whole_recomputed_forward(replay_rows):
+    """Issue 31: dropping full recompute saves the recomputed forward's kernels, collectives and
+    launches: the replay's saving within 15% of the realized one on every recompute pair."""
+    pairs = [r for r in replay_rows if r["pair"]["fix"] == "recompute_off"]
+    assert pairs
+    for r in pairs:
+        assert abs(r["price"]["best_ms"] - r["untraced"]) <= 0.15 * r["untraced"], r["pair"]["base"]
