@@ -109,6 +109,7 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
     cfg["moe"] = _moe(disp, ep_size if ep_source != "inferred" or moe_router else None, names)
     cfg["scope"] = _scope(names)
     cfg["cuda_graphs"] = item(bool(cuda_graphs), "cudaGraphLaunch calls / graph kernels")
+    cfg["cuda_graph_trace"] = _graph_trace(bool(cuda_graphs), names)
     cfg["fp8"] = item(bool(ops["is_fp8"].any()), "FP8 GEMM kernel names")
     cfg["recompute"] = item("full" if recompute_ratio >= 0.5 else ("partial" if recompute_ratio >= 0.05 else "none"),
                             f"forward/backward kernel pairs (ratio {recompute_ratio:.2f})")
@@ -138,11 +139,38 @@ def _moe(dispatcher: str, ep_size: int | None, names: pd.Series) -> dict:
     return item(False, "no router (top-k), token permutation or expert-dispatch kernels, EP not over 1")
 
 
+def _graph_trace(cuda_graphs: bool, names: pd.Series) -> dict:
+    """How CUDA graphs were traced: ``graph`` (nsys's default: one row per graph launch, the
+    kernels inside unseen), ``node`` (``--cuda-graph-trace=node``: every kernel, with its graph
+    node id), or ``none`` (no graphs)."""
+    from .load.tables import GRAPH_LAUNCH_NAME
+
+    if len(names) and names.str.startswith(GRAPH_LAUNCH_NAME).any():
+        return item("graph", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE rows: graph launches, not their kernels")
+    if cuda_graphs:
+        return item("node", "kernels with a graph node id (--cuda-graph-trace=node)")
+    return item("none", "no graph launches")
+
+
+def graph_trace_missing(cfg: dict[str, dict]) -> list[str]:
+    """The ``missing[]`` note of a graph-level trace."""
+    if (cfg.get("cuda_graph_trace") or {}).get("value") != "graph":
+        return []
+    return ["kernels inside CUDA graphs: traced at graph level (nsys's default), each graph launch is one GPU work "
+            "item counted as compute; which kernels and collectives run inside is not visible (capture with "
+            "--cuda-graph-trace=node)"]
+
+
 def _scope(names: pd.Series) -> dict:
     """``training``: a training step (backward or optimizer kernels), what the walls, fixes and
     gain models are built for; ``other`` (inference, a solver, a capture without backward)."""
     if len(names) and names.str.contains(TRAINING_KERNEL).any():
         return item("training", "backward or optimizer kernels")
+    from .load.tables import GRAPH_LAUNCH_NAME
+
+    if len(names) and names.str.startswith(GRAPH_LAUNCH_NAME).any():
+        # the step's kernels are inside graphs traced at graph level: nothing tells either way
+        return item("training", "assumed: the kernels inside the CUDA graphs are not visible (graph-level trace)")
     return item("other", "no backward or optimizer kernels: not a training step")
 
 

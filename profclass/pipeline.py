@@ -253,8 +253,8 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
         devices=classify.device_rows(records, walls, comm.ranks, [analyzers.feature_record(r.analysis)
                                                                   for r in records]),
         fixes=chosen, evidence=out.evidence, config=cfg, pitfalls=found,
-        missing=(sorted({m for p in profiles for m in p.missing}) + config.scope_missing(cfg) + out.missing
-                 + replayed.missing),
+        missing=(sorted({m for p in profiles for m in p.missing}) + config.scope_missing(cfg)
+                 + config.graph_trace_missing(cfg) + out.missing + replayed.missing),
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
         kernels=table_records(kernel_table(gpus, [r.iterations for r in records], list(comm.kernels))),

@@ -14,7 +14,7 @@ KNOWN_TABLES = {
     "StringIds", "StringTable", "TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU", "GPU_METRICS",
     "TARGET_INFO_GPU_METRICS", "CUDA_GPU_MEMORY_USAGE_EVENTS", "META_DATA_CAPTURE",
     "META_DATA_EXPORT", "TARGET_INFO_SESSION_START_TIME", "PROCESSES", "TARGET_INFO_SYSTEM_ENV",
-    "ENUM_CUDA_MEMCPY_OPER", "ENUM_CUDA_MEM_KIND",
+    "ENUM_CUDA_MEMCPY_OPER", "ENUM_CUDA_MEM_KIND", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE",
 }
 KNOWN_COLUMNS = {
     "start", "end", "deviceId", "streamId", "correlationId", "globalPid", "globalTid",
@@ -22,7 +22,8 @@ KNOWN_COLUMNS = {
     "blockX", "blockY", "blockZ", "graphNodeId", "bytes", "copyKind", "srcKind", "dstKind",
     "text", "textId", "eventType", "id", "value", "smCount", "totalMemory",
     "timestamp", "typeId", "metricId", "metricName", "memoryOperationType", "utcEpochNs",
-    "devStateName", "pid", "cuDevice", "memKind", "sourceId", "syncType", "eventId",
+    "devStateName", "pid", "cuDevice", "memKind", "sourceId", "syncType", "eventId", "graphId",
+    "graphExecId",
 }
 _TABLE_SUFFIX = re.compile(r"(.*?)(_V\d+)?")  # used with fullmatch: no newline tricks
 

@@ -34,8 +34,52 @@ def _columns_if(s: Schema, table: str, needed: tuple[str, ...], missing: list, w
     return s.columns[table]
 
 
+# the name of one graph launch's GPU work under graph-level tracing (nsys's default for CUDA
+# graphs: CUPTI_ACTIVITY_KIND_GRAPH_TRACE rows, no row per kernel inside); the graph id follows
+GRAPH_LAUNCH_NAME = "cudaGraph (graph-level trace)"
+
+
 def read_kernels(con, s: Schema, strings: str | None, missing: list, pid: int | None = None) -> pd.DataFrame:
-    """Kernels; with ``pid``, only that process's (as every reader below)."""
+    """Kernels; with ``pid``, only that process's (as every reader below). Graph launches traced
+    at graph level (``read_graph_launches``) come as kernel rows too: they are the GPU's work."""
+    graphs = read_graph_launches(con, s, pid)
+    kernels = _read_kernel_table(con, s, strings, missing if graphs.empty else [], pid)
+    if graphs.empty:
+        return kernels
+    if kernels.empty:
+        return graphs
+    out = pd.concat([kernels.astype({"name": object, "full_name": object}), graphs], ignore_index=True)
+    for col in ("name", "full_name"):
+        out[col] = pd.Categorical(out[col].astype(str))
+    return out
+
+
+def read_graph_launches(con, s: Schema, pid: int | None = None) -> pd.DataFrame:
+    """CUDA graph launches traced at graph level (``CUPTI_ACTIVITY_KIND_GRAPH_TRACE``: start and
+    end of the whole graph's execution on its stream, the launch's correlation id), one kernel-like
+    row each, named ``GRAPH_LAUNCH_NAME`` with the graph id; ``graph_node`` holds the graph id
+    (non-zero: graph work). Empty where the export has no such table (node-level or no graphs)."""
+    T = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+    if not s.has(T, "start", "end"):
+        return empty_frame(KERNEL_COLS)
+    c = s.columns[T]
+    sql = (f"SELECT g.start, g.end, {column_or(c, 'deviceId', 'g')}, "
+           f"{pid_expr('g.globalPid') if 'globalPid' in c else '0'}, {column_or(c, 'streamId', 'g')}, "
+           f"{column_or(c, 'correlationId', 'g')}, {column_or(c, 'graphId', 'g', '-1')} FROM {s.t(T)} g "
+           f"WHERE {pid_filter('g.globalPid' if 'globalPid' in c else None, pid)}g.end >= g.start "
+           "AND g.start > 0")  # 0/0: CUPTI could not time that graph
+    df = query(con, sql, dict(start="int64", end="int64", device="int64", pid="int64", stream="int64",
+                              correlation="int64", graph="int64"))
+    names = pd.Categorical([f"{GRAPH_LAUNCH_NAME} {int(g)}" for g in df["graph"]]) if len(df) \
+        else pd.Categorical([])
+    return pd.DataFrame({"start": df["start"], "end": df["end"], "device": df["device"], "pid": df["pid"],
+                         "stream": df["stream"], "correlation": df["correlation"], "name": names,
+                         "full_name": names.copy(), "grid": np.zeros(len(df), np.int64),
+                         "block": np.zeros(len(df), np.int64),
+                         "graph_node": np.maximum(df["graph"].to_numpy(np.int64), 1)})
+
+
+def _read_kernel_table(con, s: Schema, strings: str | None, missing: list, pid: int | None) -> pd.DataFrame:
     T = "CUPTI_ACTIVITY_KIND_KERNEL"
     c = _columns_if(s, T, ("start", "end"), missing, "kernels (CUPTI_ACTIVITY_KIND_KERNEL)")
     if c is None:
