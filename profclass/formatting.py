@@ -61,3 +61,27 @@ def layout_lines(d) -> list[str]:
             line += f"; slowest stage {pp['slowest_stage']} (+{pp['stage_imbalance_ms']:.1f} ms/step over the mean)"
         out.append(line)
     return out
+
+
+def plan_steps(d) -> list[str]:
+    """The fix plan as sentences: each fix, what it wins on top of the earlier ones, the step
+    after it, and the wall that comes next."""
+    titles = {f["id"]: f["title"] for f in d.fixes}
+    return [f"{titles.get(p['id'], p['id'])}: -{p['gain_ms']:.1f} ms -> step {p['step_ms_after']:.1f} ms, "
+            f"then the {p['wall_after']} wall" for p in (getattr(d, "plan", None) or [])]
+
+
+def replay_lines(d) -> list[str]:
+    """The replay section in words: its fidelity, the critical path, the step without each wall."""
+    r = getattr(d, "replay", None) or {}
+    if not r:
+        return []
+    walls = ("compute", "communication", "host", "memory")
+    out = [f"Replay: the captured step replayed from its dependency graph takes {r['step_ms']:.1f} ms "
+           f"({r['error_pct']:+.2f}% of the measured {r['measured_step_ms']:.1f} ms); the slowest rank's "
+           "critical path, ms/step: " + ", ".join(f"{w} {r['critical_path_ms'][w]:.1f}" for w in walls) + ".",
+           "Step without each wall, ms: " + ", ".join(f"{w} {r['without_wall_ms'][w]:.1f}" for w in walls)
+           + f"; without the profiler's overhead {r['untraced_step_ms']:.1f}."]
+    if r.get("note"):
+        out.append(r["note"][0].upper() + r["note"][1:] + ".")
+    return out

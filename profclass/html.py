@@ -16,7 +16,7 @@ from .version import __version__
 from . import timeline_view as tv
 from .classify import WALLS
 from .fixes import gain_text
-from .formatting import by_rank, layout_lines, pct, shorten, waits_ms_per_step
+from .formatting import by_rank, layout_lines, pct, plan_steps, replay_lines, shorten, waits_ms_per_step
 from .kernels import collective_name
 
 TOP_KERNELS = 15
@@ -174,8 +174,13 @@ def _collectives(d) -> list[str]:
 
 
 def _fixes(d) -> list[str]:
-    """The fixes with their flags, then the pitfalls."""
-    out = ["<h2>Fixes to try</h2>"]
+    """The replay and the fix plan, the fixes with their flags, then the pitfalls."""
+    out = []
+    if d.replay:
+        out += ["<h2>What-if replay</h2>"] + [f"<p>{_e(line)}</p>" for line in replay_lines(d)]
+    if d.plan:
+        out += ["<h3>Fix plan</h3>", "<ol class=\"plan\">" + "".join(f"<li>{_e(s)}</li>" for s in plan_steps(d)) + "</ol>"]
+    out += ["<h2>Fixes to try</h2>"]
     if d.fixes:
         items = [f"<li><b>{_e(f['title'])}</b> <span class=\"muted\">[{_e(f['wall'])}]</span> "
                  f"<span class=\"gain\">{_e(gain_text(f))}</span><br><span class=\"muted\">{_e(f['gain_basis'])}</span>"

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from .classify import WALLS
 from .fixes import gain_text
-from .formatting import by_rank, layout_lines, md_cell, md_code, pct, waits_ms_per_step
+from .formatting import by_rank, layout_lines, md_cell, md_code, pct, plan_steps, replay_lines, waits_ms_per_step
 from .kernels import collective_name
 from .pipeline import Diagnosis
 
@@ -46,6 +46,12 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
                   f"{s['detail']}; the others wait {s['others_wait_ms_per_step']:.1f} ms/step for it")
     for line in layout_lines(d):
         con.print(line)
+    for line in replay_lines(d):
+        con.print(line)
+    if d.plan:
+        con.print("[bold]Fix plan[/bold] (each fix replayed on top of the ones before it):")
+        for i, step in enumerate(plan_steps(d), 1):
+            con.print(f"{i}. {step}")
     if d.collectives:
         t = Table(title="Collectives (ms/step, mean over ranks)", show_edge=False)
         for col in ("collective", "group", "n", "transfer", "wait", "exposed transfer", "exposed wait", "overlapped"):
@@ -110,6 +116,10 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
         lines += [f"| {md_cell(md_code(r.kernel[:80]))} | {md_cell(r.kind)} | {r.ms_per_step:.2f} | {100 * r.share:.1f}% | "
                   f"{r.calls_per_step:.1f} |" for r in t.itertuples()]
         lines += ["", f"Top {len(t)} kernels by GPU time per steady step, mean over {len(d.devices)} GPU(s)."]
+    lines += [x for line in replay_lines(d) for x in ("", line)]
+    if d.plan:
+        lines += ["", "### Fix plan (each fix replayed on top of the ones before it)", ""]
+        lines += [f"{i}. {md_cell(step)}" for i, step in enumerate(plan_steps(d), 1)]
     if d.fixes:
         lines += ["", "### Fixes (predicted gain: best estimate and range)", ""]
         lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(f['flags'])}. {f['why']} "

@@ -5,6 +5,9 @@ from __future__ import annotations
 # capture's step is the same step again, and the replay's cost grows with its ops
 # (bench/RESULTS.md, replay). 200k ops is 2-40 steps of the corpus's Megatron jobs.
 MAX_TRACE_OPS = 200_000
+# ... and at most this many iterations: the step repeats, so more iterations add cost, not
+# fidelity; five keep the step-to-step variation a window shows (the corpus's windows hold 2-11)
+MAX_TRACE_ITERATIONS = 5
 # The GPU's typical launch latency and back-to-back stream gap: this low quantile of the
 # measured values (the floor the hardware and driver reach when nothing else holds an op back)
 TYPICAL_QUANTILE = 0.10

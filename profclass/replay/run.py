@@ -119,7 +119,10 @@ def _critical_path(r: Replayer, out: scenario.Outcome, weights) -> dict:
     par = _parents(g, out.t, off, lag, nodes, how)
     ok = par >= 0
     parent_t[ok] = out.t[par[ok]]
-    seg[ok] = out.t[nodes[ok]] - parent_t[ok]
+    # only the window's part of the path (its first nodes may have been placed before it)
+    lo = r.traces[slow].lo + r.traces[slow].shift_ns
+    hi = r.traces[slow].hi + r.traces[slow].shift_ns + (out.ends[slow] - r.measured_end[slow])
+    seg[ok] = np.clip(np.minimum(out.t[nodes[ok]], hi) - np.maximum(parent_t[ok], lo), 0, None)
     pt = np.where(ok, g.ntype[np.clip(par, 0, None)], -1)
     pg = np.clip(g.gpu[np.clip(par, 0, None)], 0, None)
     pref = g.ref[np.clip(par, 0, None)]
@@ -135,7 +138,7 @@ def _critical_path(r: Replayer, out: scenario.Outcome, weights) -> dict:
     np.add.at(walls, src_wall, dur_part)
     walls[host] += float((seg - dur_part)[ok].sum())  # latencies and gaps: the GPU waits
     # the sink's own time
-    sink_dur = int(own[sink])
+    sink_dur = int(np.clip(min(out.t[sink] + own[sink], hi) - max(out.t[sink], lo), 0, None))
     if g.ntype[sink] == OP:
         walls[op_wall[op_base[g.gpu[sink]] + g.ref[sink]]] += sink_dur
     else:

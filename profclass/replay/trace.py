@@ -26,7 +26,7 @@ from ..analyzers.idle import ALLOC_CALLS, OFFLOAD_MIN_BYTES, SYNC_CALLS
 from ..analyzers.recompute import recomputed_spans
 from ..analyzers.sets import contains_per_distinct, name_matches
 from ..timeline import GpuTimeline
-from .constants import LATENCY_CAPS, MAX_TRACE_OPS, THREAD_WAIT_NS
+from .constants import LATENCY_CAPS, MAX_TRACE_ITERATIONS, MAX_TRACE_OPS, THREAD_WAIT_NS
 from .latency import inferred_edges, latencies
 
 # op kinds
@@ -115,7 +115,7 @@ def _window(gpu: GpuTimeline) -> tuple[int, int, int]:
     op_starts = gpu.ops["start"].to_numpy(np.int64)
     counts = np.searchsorted(op_starts, ends) - np.searchsorted(op_starts, starts)
     k = max(1, int(np.searchsorted(np.cumsum(counts), MAX_TRACE_OPS, side="right")))
-    k = min(k, len(starts))
+    k = min(k, len(starts), MAX_TRACE_ITERATIONS)
     return int(starts[0]), int(ends[k - 1]), k
 
 
@@ -181,7 +181,12 @@ def _calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
     # each launching thread's first call after the window closes it: the host time after the
     # window's last launch (the optimizer's Python, a GC pause, logging) is the CPU time
     # before that call, part of the step the replay must hold
-    after = rt[(s >= hi) & rt["tid"].isin(launched)].sort_values("start", kind="stable").drop_duplicates("tid")
+    later = np.searchsorted(s, hi) if bool(np.all(s[:-1] <= s[1:])) else None
+    tail_tid = rt["tid"].to_numpy()[later:] if later is not None else rt["tid"].to_numpy()
+    tail_ok = np.isin(tail_tid, list(launched)) & (True if later is not None else s >= hi)
+    _, first = np.unique(np.where(tail_ok, tail_tid, -1), return_index=True)
+    first = first[tail_ok[first]]
+    after = rt.iloc[(later or 0) + first] if later is not None else rt.iloc[first]
     w = w[w["tid"].isin(launched)] if launched else w
     w = pd.concat([w.assign(closing=False), after.assign(closing=True)], ignore_index=True)
     w = w.sort_values(["tid", "start"], kind="stable").reset_index(drop=True)
