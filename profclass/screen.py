@@ -1,7 +1,8 @@
 """The default terminal answer: one screen (at most ``MAX_LINES`` lines) of a Diagnosis.
 
-The verdict with its confidence, the walls, the straggler, the layout, the fix plan when the
-Diagnosis has one, and the top fixes with their gains. ``profclass diagnose --detail`` prints
+The verdict with its confidence, the walls, the straggler, the layout, the fix plan (each fix
+replayed on top of the ones before it), the top fixes with their gains, and the step the replay
+gives without each wall. ``profclass diagnose --detail`` prints
 the full tables (``report.render_text``); JSON, Markdown and HTML keep everything.
 Plain text, no rich: the first screen costs no table layout.
 """
@@ -12,7 +13,7 @@ import textwrap
 
 from .classify import WALLS
 from .fixes import gain_text
-from .formatting import layout_lines, pct, shorten
+from .formatting import layout_lines, pct, plan_steps, replay_lines, shorten
 
 # a terminal's first screen: 40 of the usual 45-50 rows, leaving the prompt and the command in view
 MAX_LINES = 40
@@ -71,15 +72,19 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
     lay = layout_lines(d)
     if lay:
         blocks.append(("layout", [x for line in lay for x in wrap(line)]))
-    plan = _plan_lines(d, width)
-    if plan:
-        blocks.append(("fix plan", plan))
+    if getattr(d, "plan", None):
+        blocks.append(("fix plan", wrap(f"Fix plan (each fix replayed on top of the ones before it, from a "
+                                        f"{d.window['step_ms']['mean']:.1f} ms step):")
+                       + [x for i, step in enumerate(plan_steps(d), 1) for x in wrap(f"{i}. {step}", "   ")]))
     for i, f in enumerate(d.fixes[:TOP_FIXES], 1):
         head = wrap(f"{i}. [{f['wall']}] {f['title']} ({gain_text(f)})", "   ")
         blocks.append((f"fix {i}", head + wrap(f"   flags: {shorten(f['flags'], 2 * width - 12)}", "   ")))
     if d.fixes:
         blocks.insert(len(blocks) - min(len(d.fixes), TOP_FIXES),
                       ("fixes", [f"Fixes to try ({len(d.fixes)}; predicted gain, best estimate and range):"]))
+    replay = replay_lines(d)
+    if replay:  # what the replay says the step is without each wall: after the fixes, if room
+        blocks.append(("replay", [x for line in replay[1:2] for x in wrap("Replay: " + line[0].lower() + line[1:])]))
     rest = len(d.fixes) - TOP_FIXES
     counts = [f"{rest} more fix(es)"] if rest > 0 else []
     counts += [f"{len(d.pitfalls)} pitfall(s)"] if d.pitfalls else []
@@ -87,20 +92,3 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
     if counts:
         blocks.append(("counts", wrap("Also: " + ", ".join(counts) + ".")))
     return blocks
-
-
-def _plan_lines(d, width: int) -> list[str]:
-    """The fix plan (fixes applied in turn, each re-priced on the step the previous left), when
-    the Diagnosis has one: ``plan`` rows of {id, gain_ms, step_ms_after, wall_after}."""
-    plan = getattr(d, "plan", None) or []
-    if not plan:
-        return []
-    titles = {f["id"]: f["title"] for f in d.fixes}
-    out = [f"Fix plan (in turn, from a {d.window['step_ms']['mean']:.1f} ms step):"]
-    for i, p in enumerate(plan, 1):
-        name = titles.get(p.get("id"), p.get("id"))
-        gain = f" (-{p['gain_ms']:.1f} ms)" if p.get("gain_ms") is not None else ""
-        after = f" -> step {p['step_ms_after']:.1f} ms" if p.get("step_ms_after") is not None else ""
-        wall = f", then the {p['wall_after']} wall" if p.get("wall_after") else ""
-        out += _wrap(f"{i}. {name}{gain}{after}{wall}", width, "   ")
-    return out
