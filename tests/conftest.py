@@ -29,6 +29,19 @@ def profile_path(name: str) -> Path:
     return PROFILES_DIR / PROFILES[name]["path"]
 
 
+# a gap an issue-30 candidate (capture_pairs.sh call2) shows on a real capture: a strict xfail
+# on the corpus-wide tests, so each passes, and must be unmarked, once the gap is closed
+GC_WINDOW = pytest.mark.xfail(strict=True, reason=(
+    "gc_cand_1gpu: the steady window keeps 2 steps (22.5 ms) of the captured iterations 6..10, not "
+    "the one holding the manual collection (310 ms), so neither its mean nor its median is the "
+    "timer's 103.1 ms over 6..9"))
+
+
+def with_marks(names, marks: dict) -> list:
+    """``names`` as parametrize values, those in ``marks`` carrying their mark."""
+    return [pytest.param(n, marks=marks[n]) if n in marks else n for n in names]
+
+
 def decompress_fixture(src: Path, dst: Path) -> Path:
     """A committed fixture (.sqlite.zst or .sqlite.xz) written out as plain SQLite at ``dst``."""
     import lzma

@@ -9,14 +9,14 @@ import pytest
 
 import profclass
 from profclass.pitfalls import load_rules
-from tests.conftest import PROFILES
+from tests.conftest import GC_WINDOW, PROFILES, with_marks
 from tests.nsys_builder import NsysExportBuilder
 
 # what each fix's gain is bounded by, as a measured job-level number in the evidence/numbers
 RUN_RULES = [r["id"] for r in load_rules() if r.get("scope", "run") == "run"]
 
 
-@pytest.mark.parametrize("name", sorted(PROFILES))
+@pytest.mark.parametrize("name", with_marks(sorted(PROFILES), {"gc_cand_1gpu": GC_WINDOW}))  # % of a short window
 def test_fixes_ranked_by_estimate_and_the_verdicts_fix_leads_unless_outpriced(name, diagnosis):
     """The ranking rule: the largest best estimate first (unpriced fixes last); a runner-up
     wall's fix may lead only with an estimate strictly above every fix of the verdict's wall."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, PROFILES, profile_path
+from conftest import CORPUS, GC_WINDOW, PROFILES, profile_path, with_marks
 from profclass.inputs import resolve
 from profclass.load import load
 
@@ -18,6 +18,7 @@ NAMES = list(PROFILES)
 LABELLED = [n for n, p in PROFILES.items() if p["label"]]
 WALLS = ("compute", "communication", "host", "memory")
 MULTI_GPU = [n for n, p in PROFILES.items() if p["gpus"] > 1]
+GRAPH_LEVEL_TRACED = {"graphs_cand_1gpu"}  # a CUDA-graphed step at nsys's default graph-level trace
 
 
 def shares(d) -> dict[str, float]:
@@ -35,8 +36,9 @@ def test_profile_opens_and_holds_kernels(name, request):
     with resolve([str(f) for f in files]) as inputs:
         for f in inputs:
             prof = load(f.sqlite)
-            # a few hundred: the GEMM-heavy and GC pair bases run ~70 large kernels a step
-            assert len(prof.kernels) > 300, f.given
+            # a few hundred: the GEMM-heavy and GC pair bases run ~70 large kernels a step; under
+            # nsys's default graph-level CUDA-graph trace one row per graph replay (10 captured)
+            assert len(prof.kernels) > (10 if name in GRAPH_LEVEL_TRACED else 300), f.given
             assert prof.nsys_version.startswith("2024.2.3"), f.given
             assert (prof.kernels["end"] >= prof.kernels["start"]).all()
             gpus_in_file = prof.kernels.groupby(["pid", "device"]).ngroups
@@ -162,7 +164,7 @@ def expected_window_source(profile: dict) -> str:
     return "nvtx"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", with_marks(NAMES, {"gc_cand_1gpu": GC_WINDOW}))
 def test_window_source(name, diagnosis):
     d = diagnosis(name)
     want = expected_window_source(PROFILES[name])
