@@ -242,7 +242,7 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, {**env_all, **job.flags},
                           out.numbers, step_ms=job.step_ms)
     replayed = _replay(job, gpus, chosen, price_fixes)
-    chosen = replay_run.priced(chosen, replayed.prices)
+    chosen = replay_run.priced(chosen, replayed.prices, job.step_ms)
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     for pf in found:
         if peak_share is not None and "memory_headroom" in pf["facts"]:

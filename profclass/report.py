@@ -46,12 +46,7 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
                   f"{s['detail']}; the others wait {s['others_wait_ms_per_step']:.1f} ms/step for it")
     for line in layout_lines(d):
         con.print(line)
-    for line in replay_lines(d):
-        con.print(line)
-    if d.plan:
-        con.print("[bold]Fix plan[/bold] (each fix replayed on top of the ones before it):")
-        for i, step in enumerate(plan_steps(d), 1):
-            con.print(f"{i}. {step}")
+    _replay_text(d, con)
     if d.collectives:
         t = Table(title="Collectives (ms/step, mean over ranks)", show_edge=False)
         for col in ("collective", "group", "n", "transfer", "wait", "exposed transfer", "exposed wait", "overlapped"):
@@ -77,6 +72,15 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
     if d.missing:
         con.print("Missing from the profile: " + "; ".join(d.missing))
     return buf.getvalue() if console is None else ""
+
+
+def _replay_text(d: Diagnosis, con: Console) -> None:
+    for line in replay_lines(d):
+        con.print(line)
+    if d.plan:
+        con.print("[bold]Fix plan[/bold] (each fix replayed on top of the ones before it):")
+        for i, step in enumerate(plan_steps(d), 1):
+            con.print(f"{i}. {step}")
 
 
 def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels: int = 10) -> str:

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import profclass
+from profclass.fixes import predict_by_id
 from profclass.pitfalls import load_rules
 from tests.conftest import GC_WINDOW, PROFILES, with_marks
 from tests.nsys_builder import NsysExportBuilder
@@ -57,17 +58,20 @@ def test_gain_models_price_what_they_target(diagnosis):
     a2a = next(c for c in d.collectives if c["collective"] == "all_to_all")
     deepep = next(f for f in d.fixes if "DeepEP" in f["title"])
     assert deepep["gain_ceiling_ms"] == pytest.approx(a2a["exposed_transfer_ms_per_step"], rel=0.02)
-    # imbalance_4gpu: balancing spreads the straggler's excess over all ranks: summed wait / n
+    # imbalance_4gpu: the share model spreads the straggler's excess over all ranks (summed
+    # wait / n); the replay prices the fix the JSON shows (its ceiling stays the share model's)
     d = diagnosis("imbalance_4gpu")
-    top = next(f for f in d.fixes if f["gain_model"] == "straggler_balance")
-    assert top["for"] == "verdict"
+    top = next(f for f in d.fixes if f["id"] == "ep_balance_routing")
+    assert top["for"] == "verdict" and top["gain_model"] == "replay:balance"
     wait = d.stragglers[0]["others_wait_ms_per_step"]
     assert top["gain_ceiling_ms"] == pytest.approx(wait, rel=0.01)
-    assert top["expected_gain_ms"] == pytest.approx(wait / len(d.devices), rel=0.01)
-    # host_1gpu: removing the host syncs removes the idle after host syncs
+    share = predict_by_id("ep_balance_routing", d.numbers, d.window["step_ms"]["mean"])
+    assert share["expected_gain_ms"] == pytest.approx(wait / len(d.devices), rel=0.01)
+    # host_1gpu: the share model of removing the host syncs is the idle after host syncs
     d = diagnosis("host_1gpu")
     sync_idle = next(e["value"] for e in d.evidence if e["metric"] == "idle after host syncs")
-    assert d.fixes[0]["expected_gain_ms"] == pytest.approx(sync_idle, rel=0.01)
+    share = predict_by_id("host_moe_token_sync", d.numbers, d.window["step_ms"]["mean"])
+    assert share["expected_gain_ms"] == pytest.approx(sync_idle, rel=0.01)
 
 
 def test_config_section_has_sources(diagnosis):

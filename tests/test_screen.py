@@ -2,11 +2,14 @@
 tables; the fix plan, when a Diagnosis has one, is shown in turn."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from click.testing import CliRunner
 
 from conftest import PROFILES, profile_path
 from profclass.cli import main
+from profclass.pipeline import ReplayReport
 from profclass.screen import MAX_LINES, render_screen
 
 WIDTH = 110  # what the CLI renders at

@@ -101,8 +101,10 @@ def _critical_path(r: Replayer, out: scenario.Outcome, weights) -> dict:
     off, lag, base, own = scenario.node_costs(g, weights)
     steps = [(e - m) / max(t.iterations, 1) + s for e, m, t, s in
              zip(out.ends, r.measured_end, r.traces, r.inp.step_ns)]
-    slow = int(np.argmax(steps))
+    slow = int(np.argmax(steps)) if steps else 0
     mine = np.flatnonzero(g.gpu == slow)
+    if not len(mine):  # a GPU with nothing in its window: no path
+        return {w: 0.0 for w in WALLS}
     sink = mine[np.argmax((out.t + own)[mine])]
     nodes, how = engine.critical_path(g, out.t, off, lag, int(sink))
     walls = np.zeros(len(WALLS))
@@ -249,7 +251,8 @@ def _price(r: Replayer, chosen: list[dict], table: dict) -> dict:
             continue
         lo, hi = min(gains.values()), max(gains.values())
         prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
-                                   f"replay: {spec['kind']} ({_describe(spec)})")
+                                   f"replay:{spec['kind']}: the captured step replayed with the fix's transform "
+                                   f"({_describe(spec) or 'no parameter'}), against the step replayed as captured")
     return prices
 
 
@@ -295,7 +298,7 @@ def _missing(r: Replayer) -> list[str]:
     return out
 
 
-def priced(chosen: list[dict], prices: dict) -> list[dict]:
+def priced(chosen: list[dict], prices: dict, step_ms: float) -> list[dict]:
     """The chosen fixes with each replayed gain in place of its share model's (the share
     model's stays where the fix has no transform: its basis says so)."""
     from ..fixes import rank_key
@@ -307,9 +310,9 @@ def priced(chosen: list[dict], prices: dict) -> list[dict]:
                 f = {**f, "gain_basis": f["gain_basis"] + " (share model: no replay transform)"}
             out.append(f)
             continue
-        step = f["expected_gain_ms"] / f["expected_gain_pct"] * 100 if f.get("expected_gain_pct") else None
         out.append({**f, "expected_gain_ms": p.best_ms,
-                    "expected_gain_pct": round(100.0 * p.best_ms / step, 1) if step else f.get("expected_gain_pct"),
-                    "gain_low_ms": p.low_ms, "gain_high_ms": p.high_ms, "gain_basis": p.basis})
+                    "expected_gain_pct": round(100.0 * p.best_ms / step_ms, 1) if step_ms else None,
+                    "gain_low_ms": p.low_ms, "gain_high_ms": p.high_ms, "gain_basis": p.basis,
+                    "gain_model": p.basis.split(": ", 1)[0]})
     out.sort(key=rank_key)
     return out

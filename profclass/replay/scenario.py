@@ -51,7 +51,11 @@ class Outcome:
 
 def run(g: Graph, weights: list[Weights]) -> Outcome:
     off, lag, base, own = _arrays(g, weights)
-    t, rounds = solve(g, off, lag, base)
+    # solved on times relative to the window's first node: the solver keeps chains apart by
+    # offsets that hold for spans below 2**44 ns, not for clocks that count from an epoch
+    t0 = int(g.meas.min()) if g.n else 0
+    t, rounds = solve(g, off, lag, np.where(base > NEG, base - t0, NEG))
+    t = np.where(t > NEG // 2, t + t0, t)
     return Outcome(t=t, ends=_ends(g, t, own), rounds=rounds)
 
 
