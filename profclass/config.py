@@ -81,22 +81,7 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
     cfg["gpu"] = item(gpu or "unknown", "TARGET_INFO_GPU" if gpu else "not in profile")
     cfg["platform"] = item(platform(gpu), "GPU name")
     cfg["gpus_in_job"] = item(n_gpus, "kernel activity per (process, device)")
-    comm = ops[ops["is_comm"]]
-    libs = set(comm["library"].astype(str))
-    colls = set(comm["collective"].astype(str))
-    if "hybridep" in libs:
-        disp, src = "hybridep", "HybridEP kernels"
-    elif "deepep" in libs:
-        disp, src = "deepep", "DeepEP kernels (deep_ep::)"
-    elif ep_size == 1 or not moe_router:
-        # SendRecv is then the pipeline's, all-gathers TP's or the optimizer's
-        disp, src = "none", ("the layout's EP size is 1" if ep_size == 1 else "no MoE router (top-k) kernels")
-    elif "all_to_all" in colls:
-        disp, src = "alltoall", "NCCL all-to-all / SendRecv kernels"
-    elif "all_gather" in colls and n_gpus > 1:
-        disp, src = "allgather", "NCCL all-gather kernels, no all-to-all"
-    else:
-        disp, src = "none", "no expert-parallel communication kernels"
+    disp, src = _dispatcher(ops[ops["is_comm"]], n_gpus, ep_size, moe_router)
     flag_disp = flags.get("--moe-token-dispatcher-type")
     if isinstance(flag_disp, str):
         cfg["moe_token_dispatcher_type"] = item(flag_disp, "command line")
@@ -122,6 +107,24 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
         if flag in flags:
             cfg[key] = item(flags[flag], "command line")
     return cfg
+
+
+def _dispatcher(comm: pd.DataFrame, n_gpus: int, ep_size: int | None, moe_router: bool) -> tuple[str, str]:
+    """The token dispatcher the communication kernels show, and why."""
+    libs = set(comm["library"].astype(str))
+    colls = set(comm["collective"].astype(str))
+    if "hybridep" in libs:
+        return "hybridep", "HybridEP kernels"
+    if "deepep" in libs:
+        return "deepep", "DeepEP kernels (deep_ep::)"
+    if ep_size == 1 or not moe_router:
+        # SendRecv is then the pipeline's, all-gathers TP's or the optimizer's
+        return "none", ("the layout's EP size is 1" if ep_size == 1 else "no MoE router (top-k) kernels")
+    if "all_to_all" in colls:
+        return "alltoall", "NCCL all-to-all / SendRecv kernels"
+    if "all_gather" in colls and n_gpus > 1:
+        return "allgather", "NCCL all-gather kernels, no all-to-all"
+    return "none", "no expert-parallel communication kernels"
 
 
 def _moe(dispatcher: str, ep_size: int | None, names: pd.Series) -> dict:

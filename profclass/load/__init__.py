@@ -35,10 +35,11 @@ import pandas as pd
 
 from ..errors import ProfileError
 from .profile import MEMEV_COLS, SYNC_COLS, MEMSET_COLS, RawProfile, empty_frame
+from .devices import read_gpu_metrics, read_gpus, read_memory_events
 from .events import read_sync_events
 from .schema import Schema, column_or, pid_expr, string_table
-from .tables import (NVTX_EMPTY, no_runtime_rows, nvtx_empty, read_gpu_metrics, read_gpus, read_kernels,
-                     no_memcpy_rows, read_memcpy, read_memory_events, read_memset, read_meta, read_nvtx,
+from .tables import (NVTX_EMPTY, no_runtime_rows, nvtx_empty, read_kernels,
+                     no_memcpy_rows, read_memcpy, read_memset, read_meta, read_nvtx,
                      read_nvtx_by_process,
                      read_runtime, read_runtime_by_process, split_by_pid)
 from .transport import BUSY_TIMEOUT_S, LOADER, SQLITE_FAILURES, connect_readonly, release_memory, sqlite_problem

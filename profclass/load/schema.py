@@ -78,3 +78,12 @@ def column_or(cols: set, name: str, alias: str, default: str = "0") -> str:
     """SQL for ``alias.name`` where the table has that column (NULL read as ``default``), else
     ``default``."""
     return f"coalesce({alias}.{name}, {default})" if name in cols else default
+
+
+def columns_if(s: Schema, table: str, needed: tuple[str, ...], missing: list, what: str) -> set[str] | None:
+    """The known columns of ``table``, or None (and ``what`` noted as missing) where the export
+    lacks the table or one of the ``needed`` columns."""
+    if not s.has(table, *needed):
+        missing.append(what)
+        return None
+    return s.columns[table]

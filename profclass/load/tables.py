@@ -10,28 +10,14 @@ import pandas as pd
 
 from .profile import (GPU_COLS, KERNEL_COLS, MEMCPY_COLS, MEMEV_COLS, MEMSET_COLS, METRIC_COLS, NVTX_COLS,
                       RUNTIME_COLS, RawProfile, empty_frame)
-from .schema import Schema, column_or, pid_expr, pid_filter
+from .schema import Schema, column_or, columns_if, pid_expr, pid_filter
 from .transport import query
 
 KIND_NAMES = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 9: "HtoH", 11: "HtoD", 12: "DtoH",
               13: "DtoD"}
 PINNED_KIND = 1  # ENUM_CUDA_MEM_KIND: 0 pageable, 1 pinned
 NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
-METRICS_WANTED = {
-    "SMs Active": "sm_active", "SM Active": "sm_active", "SM Issue": "sm_issue",
-    "Tensor Active": "tensor_active", "DRAM Read Bandwidth": "dram_read",
-    "DRAM Write Bandwidth": "dram_write",
-}
 _VERSION_SUFFIX = re.compile(r"_v\d+(_v\d+)?$")
-
-
-def _columns_if(s: Schema, table: str, needed: tuple[str, ...], missing: list, what: str) -> set[str] | None:
-    """The known columns of ``table``, or None (and ``what`` noted as missing) where the export
-    lacks the table or one of the ``needed`` columns."""
-    if not s.has(table, *needed):
-        missing.append(what)
-        return None
-    return s.columns[table]
 
 
 # the name of one graph launch's GPU work under graph-level tracing (nsys's default for CUDA
@@ -81,7 +67,7 @@ def read_graph_launches(con, s: Schema, pid: int | None = None) -> pd.DataFrame:
 
 def _read_kernel_table(con, s: Schema, strings: str | None, missing: list, pid: int | None) -> pd.DataFrame:
     T = "CUPTI_ACTIVITY_KIND_KERNEL"
-    c = _columns_if(s, T, ("start", "end"), missing, "kernels (CUPTI_ACTIVITY_KIND_KERNEL)")
+    c = columns_if(s, T, ("start", "end"), missing, "kernels (CUPTI_ACTIVITY_KIND_KERNEL)")
     if c is None:
         return empty_frame(KERNEL_COLS)
     short = "shortName" if "shortName" in c else ("demangledName" if "demangledName" in c else None)
@@ -140,7 +126,7 @@ def _copy_pid(c: set, pid: int | None) -> str:
 
 def read_memcpy(con, s: Schema, missing: list, pid: int | None = None) -> pd.DataFrame:
     T = "CUPTI_ACTIVITY_KIND_MEMCPY"
-    c = _columns_if(s, T, ("start", "end"), missing, "memcpy (CUPTI_ACTIVITY_KIND_MEMCPY)")
+    c = columns_if(s, T, ("start", "end"), missing, "memcpy (CUPTI_ACTIVITY_KIND_MEMCPY)")
     if c is None:
         return empty_frame(MEMCPY_COLS)
     host_kind = ("CASE WHEN m.copyKind=1 THEN m.srcKind WHEN m.copyKind=2 THEN m.dstKind ELSE -1 END"
@@ -163,7 +149,7 @@ def no_memcpy_rows() -> pd.DataFrame:
 
 def read_memset(con, s: Schema, missing: list, pid: int | None = None) -> pd.DataFrame:
     T = "CUPTI_ACTIVITY_KIND_MEMSET"
-    c = _columns_if(s, T, ("start", "end"), missing, "memset (CUPTI_ACTIVITY_KIND_MEMSET)")
+    c = columns_if(s, T, ("start", "end"), missing, "memset (CUPTI_ACTIVITY_KIND_MEMSET)")
     if c is None:
         return empty_frame(MEMSET_COLS)
     sql = f"SELECT {_copy_columns(c)} FROM {s.t(T)} m WHERE {_copy_pid(c, pid)}m.end >= m.start"
@@ -376,7 +362,7 @@ def nvtx_empty(con, s: Schema, strings: str | None) -> bool:
 
 def _nvtx_sql(s: Schema, strings: str | None, missing: list, pid: int | None) -> str | None:
     T = "NVTX_EVENTS"
-    c = _columns_if(s, T, ("start",), missing, "NVTX ranges (NVTX_EVENTS)")
+    c = columns_if(s, T, ("start",), missing, "NVTX ranges (NVTX_EVENTS)")
     if c is None:
         return None
     text = "n.text" if "text" in c else "NULL"
@@ -389,65 +375,6 @@ def _nvtx_sql(s: Schema, strings: str | None, missing: list, pid: int | None) ->
     return (f"SELECT n.start, {end}, {tid}, {text} "
             f"FROM {s.t(T)} n WHERE {pid_filter('n.globalTid' if 'globalTid' in c else None, pid)}"
             f"{et}{end} IS NOT NULL AND {end} >= n.start")
-
-
-def read_gpus(con, s: Schema, missing: list) -> pd.DataFrame:
-    for T in ("TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU"):
-        if s.has(T, "id"):
-            c = s.columns[T]
-            dev = "cuDevice" if T == "TARGET_INFO_CUDA_GPU" and "cuDevice" in c else "id"
-            sql = (f"SELECT {dev}, {'name' if 'name' in c else 'NULL'}, "
-                   f"{'smCount' if 'smCount' in c else '0'}, {'totalMemory' if 'totalMemory' in c else '0'} "
-                   f"FROM {s.t(T)}")
-            df = query(con, sql, GPU_COLS).drop_duplicates("device")
-            df["name"] = df["name"].fillna("").astype(str)
-            return df
-    missing.append("GPU properties (TARGET_INFO_GPU)")
-    return empty_frame(GPU_COLS)
-
-
-def read_gpu_metrics(con, s: Schema, missing: list) -> pd.DataFrame:
-    if not (s.has("GPU_METRICS", "timestamp", "metricId", "value")
-            and s.has("TARGET_INFO_GPU_METRICS", "metricId", "metricName")):
-        missing.append("GPU metrics (GPU_METRICS; capture with --gpu-metrics-device)")
-        return empty_frame(METRIC_COLS)
-    names = {}
-    for mid, mname in con.execute(
-            f"SELECT DISTINCT metricId, metricName FROM {s.t('TARGET_INFO_GPU_METRICS')}"):
-        base = str(mname).split(" [")[0]
-        if base in METRICS_WANTED and "Throughput %" in str(mname):
-            names[mid] = METRICS_WANTED[base]
-    if not names:
-        missing.append("GPU metrics (no SM Active metric)")
-        return empty_frame(METRIC_COLS)
-    ids = ",".join("?" * len(names))
-    # typeId identifies the GPU; with one GPU per report (the usual case) it maps to device 0,
-    # else to devices in typeId order (nsys numbers metric sources in device order).
-    type_ids = [r[0] for r in con.execute(
-        f"SELECT DISTINCT typeId FROM {s.t('GPU_METRICS')} ORDER BY typeId")]
-    dev_of = {t: i for i, t in enumerate(type_ids)}
-    df = query(con, f"SELECT timestamp, typeId, metricId, value FROM {s.t('GPU_METRICS')} "
-                     f"WHERE metricId IN ({ids})", dict(timestamp="int64", device="int64",
-                                                         metric="int64", value="float64"),
-                params=tuple(names))
-    df["device"] = df["device"].map(dev_of).astype(np.int64)
-    df["metric"] = df["metric"].map(names)
-    return df
-
-
-def read_memory_events(con, s: Schema, missing: list, pid: int | None = None) -> pd.DataFrame:
-    T = "CUDA_GPU_MEMORY_USAGE_EVENTS"
-    c = _columns_if(s, T, ("start", "bytes", "memoryOperationType"), missing,
-                    "GPU memory usage (CUDA_GPU_MEMORY_USAGE_EVENTS; capture with --cuda-memory-usage=true)")
-    if c is None:
-        return empty_frame(MEMEV_COLS)
-    # memoryOperationType 0 = allocation, 1 = deallocation; memKind 2 = device memory
-    kind = "AND memKind=2" if "memKind" in c else ""
-    sql = (f"SELECT start, {pid_expr('globalPid') if 'globalPid' in c else '0'}, "
-           f"{'deviceId' if 'deviceId' in c else '0'}, "
-           f"CASE WHEN memoryOperationType=0 THEN bytes ELSE -bytes END FROM {s.t(T)} "
-           f"WHERE {pid_filter('globalPid' if 'globalPid' in c else None, pid)}1=1 {kind}")
-    return query(con, sql, MEMEV_COLS)
 
 
 def read_meta(con, s: Schema, prof: RawProfile) -> None:
