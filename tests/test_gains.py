@@ -352,3 +352,16 @@ def test_recompute_off_is_priced_with_the_whole_recomputed_forward(replay_rows):
     assert pairs
     for r in pairs:
         assert abs(r["price"]["best_ms"] - r["untraced"]) <= 0.15 * r["untraced"], r["pair"]["base"]
+
+
+def test_registered_predictions_are_the_ones_committed_before_their_run():
+    """Each pair's registered_prediction is the row fixtures/notes.md committed before the pair's
+    candidate ran ("Call 2 predictions"): best [low, high], as printed there."""
+    notes = (ROOT / "fixtures" / "notes.md").read_text()
+    section = notes.split("### Call 2 predictions")[1].split("\n### ")[0]
+    registered = [p for p in gain_pairs.corpus()["gain_pair"] if p.get("registered_prediction")]
+    assert len(registered) >= 5
+    for p in registered:
+        lo, best, hi = p["registered_prediction"]
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{p['base']}` | `{p['fix']}` |"))
+        assert f"| {best:.2f} [{lo:.2f}, {hi:.2f}] |" in row, (p["base"], row)
