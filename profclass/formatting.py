@@ -74,7 +74,7 @@ def plan_steps(d) -> list[str]:
 def replay_lines(d) -> list[str]:
     """The replay section in words: its fidelity, the critical path, the step without each wall."""
     r = getattr(d, "replay", None) or {}
-    if not r:
+    if not r or r.get("error_pct") is None:
         return []
     walls = ("compute", "communication", "host", "memory")
     out = [f"Replay: the captured step replayed from its dependency graph takes {r['step_ms']:.1f} ms "

@@ -171,8 +171,11 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
                also: tuple[str, ...] = ()) -> ReplayResult:
     """The ``replay`` section, each chosen fix's replayed gain and the fix plan; ``also``: fix
     ids priced too though not chosen (the gain-pair tables price the pair's fix)."""
+    measured = float(np.mean(inp.step_ns)) / 1e6 if inp.step_ns else 0.0
+    if measured <= 0 or not any(t.n_ops for t in inp.traces):
+        return ReplayResult(section={}, prices={}, plan=[],
+                            missing=["replay: no steady step with GPU work to replay"])
     r = Replayer(inp)
-    measured = float(np.mean(inp.step_ns)) / 1e6
     step = r.step_ms(r.base)
     without = {}
     for wall in WALLS:
