@@ -320,7 +320,9 @@ def test_per_layer_collectives_without_visible_partners_leave_tp_unknown():
     def ranks_kernels(offset_ns):
         out = []
         for r in range(4):
-            ends = np.arange(100) * 1_000_000 + r * offset_ns + 50_000
+            # + r * 7 ns: members of one collective finish within microseconds, never to the
+            # nanosecond on every kernel (identical timelines are copies of one rank)
+            ends = np.arange(100) * 1_000_000 + r * offset_ns + 50_000 + r * 7
             out.append(pd.DataFrame({"start": ends - 10_000, "end": ends, "collective": "all_reduce", "stream": 7}))
         return out
 
@@ -482,3 +484,71 @@ def test_kernel_table_kind_follows_the_group(name):
     assert ("nccl all_to_all" in set(top_sr["kind"])) == (PARALLEL[name]["ep"] > 1)
     total = sum(k["ms_per_step"] for k in sr)
     assert sum(top_sr["ms_per_step"]) == pytest.approx(total, rel=0.01)
+
+
+# captures whose timeline cannot show every size, each with the reason the report gives
+# (sizes there are null, never wrong): one rank of four (the Bridge captures), full recompute
+# (its recomputed forwards hide the forward passes per step), a PP neighbour the end-time
+# partners missed (interleaved 1F1B on the GPU-bound job)
+TIMELINE_GAPS = {"mcore_bridge_pp2_ep2_emitnvtx": ("tp", "pp", "ep", "dp", "vpp", "microbatches"),
+                 "mcore_bridge_pp2_ep2": ("tp", "pp", "ep", "dp", "vpp", "microbatches"),
+                 "mcore_rc_full_ample": ("vpp", "microbatches"), "mcore_memwall_full": ("vpp", "microbatches"),
+                 "mcore_gb_ep4_rc_full": ("vpp", "microbatches"),
+                 "mcore_gb_pp4_vpp2_m8": ("pp", "dp", "vpp", "microbatches")}
+SIZE_KEYS = ("tp", "pp", "ep", "dp", "vpp", "microbatches")
+MULTI = [n for n, par in PARALLEL.items() if profile_path(n).suffix != ".nsys-rep"]
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_layout_from_the_timeline_alone_matches_construction(name, monkeypatch):
+    """Every multi-GPU capture with a known construction (corpus.toml ``parallel``): with the
+    command line ignored, TP, PP, EP, DP, VPP and the micro-batch count are the constructed
+    ones, or null with the reason in missing[] where the timeline cannot show them (named in
+    TIMELINE_GAPS); never a wrong size, and the sizes fit the world."""
+    from profclass import diagnose
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
+    d, par = diagnose(str(profile_path(name))), PARALLEL[name]
+    sizes = d.layout["sizes"]
+    gaps = TIMELINE_GAPS.get(name, ())
+    for k in SIZE_KEYS:
+        assert sizes[k] == (None if k in gaps else par[k]), (k, sizes[k], d.layout["source"][k])
+    if gaps:
+        assert any(m.startswith("parallel layout") or m.startswith("ranks ") for m in d.missing)
+    world = d.layout["world"]
+    tp, cp, pp, ep = (sizes[k] or 1 for k in ("tp", "cp", "pp", "ep"))
+    assert world % (tp * cp * pp) == 0 and world % (tp * ep * pp) == 0
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_layout_with_the_command_line_matches_construction(name, diagnosis):
+    """The same sizes when the command line is read (Megatron flags, Bridge overrides, or none:
+    the wrapper and recipe captures carry no Megatron flag, so both readings infer)."""
+    d, par = diagnosis(name), PARALLEL[name]
+    for k in SIZE_KEYS:
+        assert d.layout["sizes"][k] == par[k] or (k in TIMELINE_GAPS.get(name, ()) and d.layout["sizes"][k] is None
+                                                  and not any(d.layout["source"][x] in ("command line",
+                                                                                        "bridge overrides")
+                                                              for x in SIZE_KEYS)), k
+
+
+def test_copies_of_one_rank_get_no_impossible_size(tmp_path, monkeypatch):
+    """bench/rank_copies.py's job: 8 per-rank files, each a copy of one of 4 real ranks (so
+    ranks k and k + 4 have identical timelines). The traffic cannot tell their groups apart:
+    sizes are null with that reason, never a size that does not divide the world (512 such
+    copies were once given EP=384)."""
+    import sys
+
+    from conftest import ROOT
+
+    from profclass import diagnose
+    sys.path.insert(0, str(ROOT / "bench"))
+    from rank_copies import make_rank_copies
+    files = make_rank_copies(str(profile_path("mcore_pp4_m4_perrank")), 8, str(tmp_path / "copies"))
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")  # the sizes from the traffic alone
+    d = diagnose(files)
+    assert d.layout["world"] == 8
+    for k in ("tp", "pp", "ep"):
+        v = d.layout["sizes"][k]
+        assert v is None or 8 % v == 0, (k, v)
+    assert any("copies of one rank" in str(s) for s in d.layout["source"].values())
+    assert any("copies of one rank" in m for m in d.missing)

@@ -172,6 +172,13 @@ def missing(job) -> list[str]:
     if unknown:
         out.append(f"parallel layout: {', '.join(unknown).upper()} size unknown (no Megatron flags or Bridge "
                    "overrides captured); collectives are grouped by their type, those a dense model issues in every layer as TP")
+    why = sorted({v for v in lay.source.values() if isinstance(v, str) and v.startswith("not determined")})
+    out += [f"parallel layout: {w}" for w in why]
+    steps = [k for k in ("vpp", "microbatches") if lay.size(k) is None]
+    if steps and len(job.records) > 1:
+        out.append(f"parallel layout: {' and '.join(k.upper() if k == 'vpp' else 'micro-batch count' for k in steps)} "
+                   "unknown (not on the command line, and the forward passes per step did not show them: full "
+                   "recompute re-runs forwards, or PP is unknown)")
     if lay.world and len(job.records) < lay.world:
         out.append(f"ranks {len(job.records)} of {lay.world}: waiting, stragglers, the pipeline bubble and stage "
                    "balance need every rank's profile (or one per PP stage)")

@@ -233,4 +233,75 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     if layout.world and layout.world == s["pp"]:  # nothing left for TP or CP
         for k in ("tp", "cp"):
             s[k], src[k] = 1, "inferred"
+    _drop_impossible(layout, kernels, ranks, pp_edges)
     fill(layout)
+
+
+UNDETERMINED = "not determined"  # the source of a size the traffic cannot tell (then null)
+
+
+def _undetermined(layout: Layout, names, why: str) -> None:
+    for k in names:
+        layout.sizes[k], layout.source[k] = None, f"{UNDETERMINED}: {why}"
+
+
+def _drop_impossible(layout: Layout, kernels, ranks, pp_edges: set) -> None:
+    """Inferred sizes that no Megatron layout of this world allows become null, with the reason
+    in ``layout.source``: ranks with identical collective timelines (copies of one rank: their
+    partners cannot be told apart), a size that does not divide the world, groups that together
+    exceed it, or pipeline neighbours that are not ``world / PP`` ranks apart (PP is the slowest
+    rank coordinate in parallel_state's orders)."""
+    s, world = layout.sizes, layout.world
+    inferred = [k for k in ("tp", "cp", "pp", "ep") if layout.source.get(k) == "inferred"]
+    if not inferred or not world:
+        return
+    seen: dict[tuple, int] = {}
+    for r, k in zip(ranks, kernels):
+        ends = np.sort(k["end"].to_numpy(np.int64))
+        key = (len(ends), int(ends.sum() % (1 << 61)), ends[:8].tobytes(), ends[-8:].tobytes())
+        if len(ends) and key in seen:
+            _undetermined(layout, inferred, f"ranks {seen[key]} and {r} have identical collective timelines "
+                                            "(copies of one rank)")
+            return
+        seen[key] = r
+    bad = [f"{k.upper()}={s[k]}" for k in inferred if s.get(k) and world % s[k]]
+    if bad:
+        _undetermined(layout, inferred, f"the traffic gives {', '.join(bad)}, which does not divide the world of {world}")
+        return
+    tp, cp, pp, ep = (s.get(k) or 1 for k in ("tp", "cp", "pp", "ep"))
+    if world % (tp * cp * pp) or world % (tp * ep * pp):
+        _undetermined(layout, inferred, f"TP={tp}, CP={cp}, PP={pp}, EP={ep} do not fit a world of {world}")
+        return
+    if pp > 1 and any(abs(a - b) % (world // pp) for a, b in map(tuple, pp_edges)):
+        _undetermined(layout, ["pp"], f"pipeline neighbours found are not {world // pp} ranks apart as PP={pp} "
+                                      "needs (a pipeline neighbour missed)")
+
+
+def infer_passes(layout: Layout, ranks, passes: list, warmups: list) -> None:
+    """VPP and the micro-batch count from the forward passes each GPU runs per step
+    (``recompute.forward_passes``), where no command line said them. Every stage runs
+    ``VPP x micro-batches`` forward passes per step (the median over GPUs, rounded). Megatron's
+    interleaved schedule makes the last stage run ``(VPP - 1) x PP`` warm-up forwards before the
+    steady 1F1B, the plain one none: the last stage's longest backward-free stretch holds
+    ``(VPP - 1) x PP + 1`` forwards. A job without PP has VPP = 1. Undetermined: left null
+    (``layout.missing`` says so)."""
+    s, src = layout.sizes, layout.source
+    known = [p for p in passes if p]
+    if not known or (s.get("microbatches") and s.get("vpp")):
+        return
+    chunks = int(round(float(np.median(known))))
+    pp = s.get("pp")
+    vpp = s.get("vpp")
+    if vpp is None and pp == 1:
+        vpp = 1
+    elif vpp is None and pp and pp > 1 and layout.world and len(ranks) == layout.world:
+        per_stage = layout.world // pp  # Megatron's orders put PP slowest: the last stage's ranks
+        last = [w for r, w in zip(ranks, warmups) if w and r is not None and r // per_stage == pp - 1]
+        if last:
+            vpp = int(round((float(np.median(last)) - 1) / pp)) + 1
+    if vpp is None or vpp < 1 or chunks < vpp or chunks % vpp:
+        return
+    if s.get("vpp") is None:
+        s["vpp"], src["vpp"] = vpp, "inferred"
+    if s.get("microbatches") is None:
+        s["microbatches"], src["microbatches"] = chunks // vpp, "inferred"

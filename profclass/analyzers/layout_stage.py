@@ -29,6 +29,8 @@ def job_layout(profiles, gpus) -> layout.Layout:
     moe_router = any(a is not None and a["full_name"].str.contains(layout_infer.MOE_ROUTER).any() for a in aggs)
     layout_infer.infer(lay, comm, [g.rank for g in gpus], shape,
                        windows=[g.window for g in gpus], gemms=gemms, moe_router=moe_router)
+    layout_infer.infer_passes(lay, [g.rank for g in gpus], [g.analysis.memory.forward_passes for g in gpus],
+                              [g.analysis.memory.warmup_forwards for g in gpus])
     return lay
 
 

@@ -14,7 +14,7 @@ from .gainmodel import Gain, gain, removed, share_of
 from .idle import copy_roles
 from .job import Job, evidence_row, mean_per_step_ms
 from .protocol import Analyzer
-from .recompute import recomputed_spans
+from .recompute import forward_passes, recomputed_spans
 from .results import MemoryResult
 from .sets import WindowSets, clipped_set
 
@@ -60,6 +60,9 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> MemoryResult:
                      offload_bytes=int(off["bytes"].sum()),
                      offload_exposed_ns=iv.total(iv.subtract(clipped_set(off, lo, hi), sets.compute_or_comm)))
     _measure_recompute(r, gpu, sets)
+    if r.recompute_ratio < MIN_RECOMPUTE_RATIO:  # recomputed forwards would count as passes
+        r.forward_passes, r.warmup_forwards = forward_passes(
+            comp, gpu.steady["start"].to_numpy(np.int64))
     r.total_memory_bytes, r.peak_memory_bytes = _footprint(gpu, prof)
     return r
 

@@ -78,3 +78,41 @@ def recomputed_spans(compute_ops: pd.DataFrame) -> iv.IntervalSet:
     fwd_only = np.cumsum(np.r_[0, side == "fwd"])
     keep = fwd_only[run_hi] - fwd_only[run_lo] > 0
     return iv.union(start[run_lo[keep]], end[run_hi[keep] - 1])
+
+
+def forward_passes(compute_ops: pd.DataFrame, step_starts: np.ndarray) -> tuple[float | None, float | None]:
+    """(forward passes per step, forward passes in the step's longest backward-free stretch)
+    on one GPU, from its compute kernels in the window, or (None, None) where they do not show.
+
+    A forward pass of one micro-batch (of one model chunk, with VPP) runs its layers' forward-
+    only pair kernels (``fwd`` side) with no backward-only kernel among them: a stretch between
+    backward-only kernels. Stretches in the middle of a step are single forwards in 1F1B's steady
+    phase; the first and last of a step may be cut by the step's edge or hold several warm-up
+    forwards, so the fwd kernels of one forward are the median over the middle stretches (over
+    all of them where a step has no middle one). Every
+    forward has its backward, which runs the partners (``bwd`` side): passes per step = backward-
+    only kernels per step / fwd kernels per forward. The longest stretch holds the warm-up's
+    forwards in a row (``layout_stage``: VPP from the last stage's)."""
+    ops = compute_ops.sort_values("start", kind="stable")
+    side = ops["side"].to_numpy().astype(str)
+    is_bwd, is_fwd = side == "bwd", side == "fwd"
+    steps = len(step_starts)
+    if steps == 0 or not is_bwd.any() or not is_fwd.any():
+        return None, None
+    step = np.searchsorted(step_starts, ops["start"].to_numpy(np.int64), side="right") - 1
+    # a new stretch at each backward-only kernel and at each step boundary
+    stretch = np.cumsum(is_bwd | np.r_[True, step[1:] != step[:-1]])
+    fwd = np.bincount(stretch[is_fwd], minlength=stretch[-1] + 1)
+    step_of = np.zeros(stretch[-1] + 1, np.int64)
+    step_of[stretch] = step
+    has = np.flatnonzero(fwd > 0)
+    if not has.size:
+        return None, None
+    first = np.r_[True, step_of[has][1:] != step_of[has][:-1]]
+    last = np.r_[step_of[has][1:] != step_of[has][:-1], True]
+    middle = has[~first & ~last]
+    # with one or two forwards a step (PP = 1, few micro-batches: F B F B) there is no middle
+    # stretch, and no warm-up to merge forwards either: every stretch with fwd kernels is one
+    unit = float(np.median(fwd[middle] if middle.size else fwd[has]))
+    longest = float(np.median([fwd[has][step_of[has] == k].max() for k in np.unique(step_of[has])]))
+    return is_bwd.sum() / steps / unit, longest / unit

@@ -88,6 +88,10 @@ class MemoryResult:
     offload_exposed_ns: int = 0  # offload copies nothing hides
     peak_memory_bytes: int | None = None
     total_memory_bytes: int | None = None
+    # forward passes per step and in the longest backward-free stretch (recompute.forward_passes;
+    # None without recompute-free backward kernels): micro-batches x VPP chunks, and the warm-up
+    forward_passes: float | None = None
+    warmup_forwards: float | None = None
 
 
 @dataclass
