@@ -88,3 +88,17 @@ def test_a_step_that_is_all_one_graph_has_gpu_work(tmp_path):
     assert d.config["cuda_graph_trace"]["value"] == "graph"
     assert d.window["step_ms"]["mean"] == pytest.approx(STEP_MS, rel=0.05)
     assert d.walls["compute"]["ms_per_step"] == pytest.approx(GRAPH_MS, rel=0.05)
+
+
+@pytest.mark.parametrize("name, level", [("graphs_cand_1gpu", "graph"), ("graphs_cand_node_1gpu", "node")])
+def test_real_graphed_step_at_both_trace_levels(name, level, diagnosis):
+    """The device helper's pair (fixtures/corpus.toml): the launch-bound step of graphs_base_1gpu
+    captured as one CUDA graph, traced at graph level (nsys's default) and with
+    --cuda-graph-trace=node. Both give the step within 5% of the workload's own timer, and the
+    graph's work is GPU time (graph level: it was 0.4% compute before issue 31 part 5)."""
+    from conftest import PROFILES
+
+    d = diagnosis(name)
+    assert d.config["cuda_graph_trace"]["value"] == level
+    assert d.window["step_ms"]["mean"] == pytest.approx(PROFILES[name]["workload_step_ms"], rel=0.05)
+    assert d.walls["compute"]["share"] > 0.5 if level == "graph" else d.walls["compute"]["ms_per_step"] > 0.5
