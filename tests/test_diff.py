@@ -245,3 +245,19 @@ def test_pipeline_send_recv_is_not_an_all_to_all(diagnosis):
     assert pp["candidate"]["calls_per_step"] > pp["base"]["calls_per_step"]  # VPP 2: more exchanges
     text = render_text(r, width=400)
     assert "PP send/recv" in text and "all_to_all (EP)" in text
+
+
+def test_recompute_rows_follow_the_walls_table(diagnosis):
+    """Full recompute with a card far from capacity (rc_full_ample -> rc_none_ample): the memory
+    wall holds none of it, so the 'inside the walls' rows put it in the walls it runs in, not
+    under memory (it was memory 0.00 ms/step next to ~76 ms/step of recompute under memory)."""
+    b, c = diagnosis("mcore_rc_full_ample"), diagnosis("mcore_rc_none_ample")
+    r = diff(b, c)
+    rows = {x["metric"]: x for x in r.components}
+    charged = rows["recompute charged to memory (card near capacity)"]
+    kept = rows["recompute kept in the walls it runs in (card not near capacity)"]
+    assert charged["wall"] == "memory" and charged["base"] == 0.0 == b.walls["memory"]["ms_per_step"] * 0
+    assert b.walls["memory"]["ms_per_step"] < 1.0
+    assert kept["wall"] == "compute" and kept["base"] > 50 and kept["candidate"] < 5
+    assert sum(x["base"] for x in r.components if x["wall"] == "memory" and x["unit"] == "ms/step") \
+        <= b.walls["memory"]["ms_per_step"] + 1.0
