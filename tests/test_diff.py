@@ -261,3 +261,15 @@ def test_recompute_rows_follow_the_walls_table(diagnosis):
     assert kept["wall"] == "compute" and kept["base"] > 50 and kept["candidate"] < 5
     assert sum(x["base"] for x in r.components if x["wall"] == "memory" and x["unit"] == "ms/step") \
         <= b.walls["memory"]["ms_per_step"] + 1.0
+
+
+def test_a_recognised_change_leads_and_is_charged_to_its_wall(diagnosis):
+    """rc_full_ample -> rc_none_ample turns recompute off (config recompute full -> none): the
+    verdict leads with that change and its measured saving, charged to memory (the seeds'
+    lever for recompute) though the time ran in compute, communication and host."""
+    r = diff(diagnosis("mcore_rc_full_ample"), diagnosis("mcore_rc_none_ample"))
+    (fg,) = [f for f in r.fix_gains if f["fix"] == "recompute_off"]
+    assert r.verdict["wall"] == "memory"
+    assert r.verdict["summary"].startswith("Improvement from a recognised change: Turn activation recompute off")
+    assert f"saved {fg['realized_gain_ms']:.1f} ms/step" in r.verdict["summary"]
+    assert "Measured: step" in r.verdict["summary"]

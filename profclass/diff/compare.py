@@ -14,6 +14,7 @@ from ..formatting import p_value, shorten, signed_ms
 from ..kernels import collective_label
 from ..pipeline import Diagnosis, _jsonable
 from .causes import attribute
+from ..fixes import load_table
 from .fix_gains import fix_gains
 from .saved import as_diagnosis
 from .stats import ALPHA, MIN_EFFECT, step_test
@@ -277,6 +278,24 @@ def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, comp
     return dict(kind=change, wall=wall, summary=summary)
 
 
+def _lead_with_fix(verdict: dict, applied: list[dict], significant: bool, change: str) -> dict:
+    """A recognised configuration change (a fix of data/fixes.toml the candidate applies) leads
+    the verdict with its measured effect, charged to the fix's wall as the seeds do (turning
+    recompute off is the memory wall's lever, whichever walls its time ran in)."""
+    if not applied or not significant:
+        return verdict
+    walls = {f["id"]: f["wall"] for f in load_table()}
+    first = applied[0]
+    wall = walls.get(first["fix"], verdict["wall"])
+    pred = ("" if first["predicted_gain_ms"] is None else
+            f", predicted {first['predicted_gain_ms']:.1f} [{first['gain_low_ms']:.1f}, {first['gain_high_ms']:.1f}]")
+    word = "Regression" if change == "regression" else "Improvement"
+    lead = (f"{word} from a recognised change: {first['title']} ({first['detected_by']}) saved "
+            f"{first['realized_gain_ms']:.1f} ms/step{pred}, charged to the {wall} wall")
+    rest = verdict["summary"].split(": ", 1)[1] if ": " in verdict["summary"] else verdict["summary"]
+    return dict(verdict, wall=wall, summary=f"{lead}. Measured: {rest}")
+
+
 def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALPHA,
          min_effect: float = MIN_EFFECT) -> DiffResult:
     """Compare a base run with a candidate run. Raises ProfileError on bad input."""
@@ -312,14 +331,17 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     causes = attribute(b, c)
     # a rise in waiting is the waited-for rank's wall, not communication
     verdict_deltas = causes["walls_delta_ms"] if causes and causes["charged"] else walls_delta
+    applied = fix_gains(b, c, mb, mc)
+    verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, components, kernels), applied,
+                             significant, change)
     return DiffResult(
         base=_side(b), candidate=_side(c), step=step, significant=significant, regression=regression,
         improvement=improvement, change=change,
-        verdict=_verdict(step, significant, change, verdict_deltas, components, kernels),
+        verdict=verdict,
         walls=walls, walls_delta_ms=walls_delta, components=components, kernels=kernels,
         appeared=appeared, vanished=vanished, communication=_communication(b, c),
         config_changes=_config_changes(b, c), notes=notes, pitfalls=_pair_pitfalls(b, c, mb), causes=causes,
-        fix_gains=fix_gains(b, c, mb, mc))
+        fix_gains=applied)
 
 
 def _pair_pitfalls(b: Diagnosis, c: Diagnosis, step_ms: float) -> list[dict]:
