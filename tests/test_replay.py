@@ -54,3 +54,17 @@ def test_plan_and_gains_never_claim_more_than_the_step(snap):
         if (f.get("gain_basis") or "").startswith("replay:"):
             assert f["gain_low_ms"] <= f["expected_gain_ms"] + 0.01 <= f["gain_high_ms"] + 0.02
             assert f["expected_gain_ms"] <= step
+
+
+def test_every_fix_transform_in_the_table_is_one_the_replay_knows():
+    """data/fixes.toml's transforms are data: each names a kind the replay implements, and each
+    uncertain parameter is a [low-gain end, best, high-gain end] triple."""
+    from profclass.fixes import load_table
+    from profclass.replay.transforms import KINDS
+    specs = [f["transform"] for f in load_table() if "transform" in f]
+    assert len(specs) >= 15
+    for spec in specs:
+        assert spec["kind"] in KINDS, spec
+        for key, value in spec.items():
+            if isinstance(value, list):
+                assert len(value) == 3, (spec, key)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .engine import (CALL, COMM_END, E_ARRIVE, E_EVENT, E_LAUNCH, E_ORDER, E_SYNC, E_THREAD, E_XFER, NEG, OP, RET, Graph, solve)
-from .trace import ALLOC, COMM, COMPUTE, COPY, MEMSET, GpuTrace
+from .trace import ALLOC, COMM, COMPUTE, GpuTrace
 
 
 @dataclass(frozen=True)
@@ -164,5 +164,3 @@ def call_walls(t: GpuTrace) -> np.ndarray:
     w[(t.calls.c_kind == ALLOC) | t.calls.c_recomputed] = WALLS.index("memory")
     return w
 
-
-__all__ = ["COPY", "MEMSET", "Outcome", "Weights", "captured", "drop_calls", "drop_ops", "node_costs", "run"]
