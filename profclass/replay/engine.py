@@ -246,25 +246,19 @@ def _blocks(order, cprev, es, ed, n) -> list:
 
 def chain_key(cprev, nodes, pos):
     """A key grouping a block's nodes by chain, in chain order: the chain's first node in the
-    block (found by following predecessors inside the block)."""
-    head = nodes.copy()
-    in_block = np.zeros(len(pos), bool)
-    in_block[nodes] = True
-    cp = cprev[head]
-    for _ in range(64):
-        step = (cp >= 0) & in_block[np.clip(cp, 0, None)]
-        if not step.any():
+    block, found by pointer jumping over the predecessors inside the block (log2 of the
+    longest chain rounds, not one round per node)."""
+    local = np.full(len(pos), -1, np.int64)
+    local[nodes] = np.arange(len(nodes))
+    cp = cprev[nodes]
+    parent = np.where(cp >= 0, local[np.clip(cp, 0, None)], -1)
+    head = np.where(parent >= 0, parent, np.arange(len(nodes)))
+    while True:
+        nxt = head[head]
+        if np.array_equal(nxt, head):
             break
-        head = np.where(step, cp, head)
-        cp = cprev[head]
-    # pointer jumping would be exact for any length; chains inside one block are short-stepped
-    # 64 at a time, so finish with a position-based key (a chain's nodes are in order)
-    rest = (cp >= 0) & in_block[np.clip(cp, 0, None)]
-    while rest.any():
-        head = np.where(rest, cp, head)
-        cp = cprev[head]
-        rest = (cp >= 0) & in_block[np.clip(cp, 0, None)]
-    return pos[head] * (len(pos) + 1) + pos[nodes]
+        head = nxt
+    return pos[nodes[head]] * (len(pos) + 1) + pos[nodes]
 
 
 def solve(g: Graph, off: np.ndarray, lag: np.ndarray, base: np.ndarray, max_rounds: int = 10_000) -> tuple[np.ndarray, int]:
