@@ -269,7 +269,8 @@ def _replay(job: Job, gpus, chosen: list[dict], also: tuple[str, ...]) -> replay
         traces=tuple(replace(g.replay_trace, shift_ns=g.shift_ns) for g in gpus),
         comm_kernels=tuple(job.comm.kernels), members=tuple(job.comm.members), ranks=tuple(g.rank for g in gpus),
         step_ns=tuple(r.analysis.window.window_ns / r.iterations for r in job.records),
-        profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records))
+        profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records),
+        microbatches=job.layout.size("microbatches") if job.layout else None)
     return replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, job.walls.verdict.wall,
                                  also)
 

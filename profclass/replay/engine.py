@@ -28,6 +28,9 @@ from .trace import COMM, GpuTrace
 OP, COMM_END, CALL, RET, XFER = 0, 1, 2, 3, 4
 # cross-edge types
 E_LAUNCH, E_EVENT, E_SYNC, E_ARRIVE, E_XFER, E_THREAD, E_ORDER = 0, 1, 2, 3, 4, 5, 6
+# a detachable op's stream order (kept as a cross edge, so a scenario can cut it: a collective
+# moved to its own stream); an edge a scenario adds (an op ready once another has ended)
+E_STREAM, E_READY = 7, 8
 NEG = -(2 ** 45)  # "no bound": far below any time, far above int64's floor (no overflow)
 BLOCK = 4096
 _BIG = 2 ** 47  # separates chains in the segmented running maximum (times < 2**44 ns)
@@ -88,14 +91,16 @@ class _Parts:
         self.etype.append(np.full(len(dst), etype))
 
 
-def build_graph(traces: list[GpuTrace], instances: list[Instance]) -> Graph:
+def build_graph(traces: list[GpuTrace], instances: list[Instance], detachable: list | None = None) -> Graph:
+    """``detachable``: per GPU, the ops whose stream order a scenario may cut (their chain edge
+    becomes an E_STREAM cross edge of the same weight: the captured replay is unchanged)."""
     parts = _Parts()
     matched = [np.zeros(t.n_ops, bool) for t in traces]  # matched ops get an end node
     for inst in instances:
         for g in np.unique(inst.gpu):
             matched[g][inst.op[inst.gpu == g]] = True
     for gi, t in enumerate(traces):
-        _gpu_nodes(parts, gi, t, matched[gi])
+        _gpu_nodes(parts, gi, t, matched[gi], None if detachable is None else detachable[gi])
     members = _instance_nodes(parts, traces, instances)
     cat = lambda xs, dt=np.int64: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
     meas_a, cprev_a = cat(parts.meas), cat(parts.cprev)
@@ -108,10 +113,11 @@ def build_graph(traces: list[GpuTrace], instances: list[Instance]) -> Graph:
                  order=order, blocks=tuple(_blocks(order, cprev_a, es, ed, parts.n)))
 
 
-def _gpu_nodes(p: _Parts, gi: int, t: GpuTrace, matched: np.ndarray) -> None:
+def _gpu_nodes(p: _Parts, gi: int, t: GpuTrace, matched: np.ndarray, detach: np.ndarray | None) -> None:
     """One GPU's nodes (op starts, matched collectives' ends, call starts, blocking calls'
-    returns), their chains, and its launch, event, sync and thread edges."""
+    returns), their chains, and its launch, event, sync, thread and detachable stream edges."""
     sh, ops, calls_, edges = t.shift_ns, t.ops, t.calls, t.edges
+    first = p.n
     no, nc = t.n_ops, len(calls_.c_start)
     op_nodes = p.take(no)
     m_idx = np.flatnonzero(matched)
@@ -129,7 +135,8 @@ def _gpu_nodes(p: _Parts, gi: int, t: GpuTrace, matched: np.ndarray) -> None:
     p.gpu.append(np.full(no + len(m_idx) + nc + len(blocking), gi, np.int64))
     p.ntype += [np.full(no, OP), np.full(len(m_idx), COMM_END), np.full(nc, CALL), np.full(len(blocking), RET)]
     p.ref += [np.arange(no), m_idx, np.arange(nc), blocking]
-    p.cprev.append(_chains(t, op_nodes, ends, calls, rets))
+    cprev = _chains(t, op_nodes, ends, calls, rets)
+    p.cprev.append(cprev)
     has = ops.launch >= 0
     p.edges(calls[ops.launch[has]], op_nodes[has], E_LAUNCH, np.flatnonzero(has))
     # an event's and a sync's source is the op's end: its end node when it has one
@@ -142,6 +149,12 @@ def _gpu_nodes(p: _Parts, gi: int, t: GpuTrace, matched: np.ndarray) -> None:
     # thread hand-offs: from the other thread's call end (its return when it blocked)
     p.edges(np.where(rets[edges.h_src] >= 0, rets[edges.h_src], calls[edges.h_src]), calls[edges.h_dst],
             E_THREAD, np.arange(len(edges.h_src)))
+    if detach is not None and detach.any():
+        d = np.flatnonzero(detach)
+        prev = cprev[op_nodes[d] - first]
+        d, prev = d[prev >= 0], prev[prev >= 0]
+        cprev[op_nodes[d] - first] = -1  # each a chain's head; its stream order an edge
+        p.edges(prev, op_nodes[d], E_STREAM, d)
 
 
 def _instance_nodes(p: _Parts, traces, instances: list[Instance]) -> Instance:
@@ -261,12 +274,16 @@ def chain_key(cprev, nodes, pos):
     return pos[nodes[head]] * (len(pos) + 1) + pos[nodes]
 
 
-def solve(g: Graph, off: np.ndarray, lag: np.ndarray, base: np.ndarray, max_rounds: int = 10_000) -> tuple[np.ndarray, int]:
+def solve(g: Graph, off: np.ndarray, lag: np.ndarray, base: np.ndarray, max_rounds: int = 10_000,
+          extra: tuple | None = None) -> tuple[np.ndarray, int]:
     """Each node's time under these weights: ``off`` (offset after the chain predecessor),
-    ``lag`` (per cross edge; NEG disables it), ``base`` (a node's own lower bound)."""
+    ``lag`` (per cross edge; NEG disables it), ``base`` (a node's own lower bound); ``extra``:
+    cross edges a scenario adds, (src, dst, lag) node arrays, each from a node before its
+    destination in the graph's order (the solve visits nodes in that order)."""
     t = np.full(g.n, NEG, np.int64)
     rounds = 0
-    for blk in g.blocks:
+    xs = _extra_by_block(g, extra)
+    for bi, blk in enumerate(g.blocks):
         seq, cp, seg_start, seg = blk["seq"], blk["cp"], blk["seg_start"], blk["seg"]
         r0 = base[seq].copy()
         entry = seg_start & (cp >= 0)
@@ -283,6 +300,12 @@ def solve(g: Graph, off: np.ndarray, lag: np.ndarray, base: np.ndarray, max_roun
         ilag = lag[ie]
         live = ilag > NEG
         isrc, idst, ilag = blk["int_src"][live], blk["int_dst"][live], ilag[live]
+        if xs is not None and xs[bi] is not None:
+            (x_ext_dst, x_ext_src, x_ext_lag, x_int_src, x_int_dst, x_int_lag) = xs[bi]
+            np.maximum.at(r0, x_ext_dst, t[x_ext_src] + x_ext_lag)
+            cur = _chain_max(r0, C, sep)
+            isrc, idst = np.concatenate([isrc, x_int_src]), np.concatenate([idst, x_int_dst])
+            ilag = np.concatenate([ilag, x_int_lag])
         while True:
             rounds += 1
             r = r0.copy()
@@ -294,6 +317,31 @@ def solve(g: Graph, off: np.ndarray, lag: np.ndarray, base: np.ndarray, max_roun
             cur = nxt
         t[seq] = cur
     return t, rounds
+
+
+def _extra_by_block(g: Graph, extra: tuple | None) -> list | None:
+    """A scenario's added edges, per block of their destination: (destinations of edges from
+    earlier blocks as block slots, their sources, lags, then the in-block edges' source slots,
+    destination slots and lags). An edge against the graph's order cannot be solved in one
+    pass: it is an error of the transform that added it."""
+    if extra is None or not len(extra[0]):
+        return None
+    src, dst, xlag = (np.asarray(a, np.int64) for a in extra)
+    pos = np.empty(g.n, np.int64)
+    pos[g.order] = np.arange(g.n)
+    if (pos[src] >= pos[dst]).any():
+        raise ValueError("an added edge runs against the graph's order")
+    slot = np.empty(g.n, np.int64)
+    for blk in g.blocks:
+        slot[blk["seq"]] = np.arange(len(blk["seq"]))
+    out = []
+    for bi in range(len(g.blocks)):
+        m = pos[dst] // BLOCK == bi
+        inner = m & (pos[src] // BLOCK == bi)
+        ext = m & ~inner
+        out.append((slot[dst[ext]], src[ext], xlag[ext], slot[src[inner]], slot[dst[inner]], xlag[inner])
+                   if m.any() else None)
+    return out
 
 
 def _chain_max(r: np.ndarray, C: np.ndarray, sep: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ class ReplayInputs:
     ranks: tuple
     step_ns: tuple  # per GPU: the measured steady step
     profiler_ns_per_step: tuple  # per GPU: host time the profiler's op ranges add (profiler analyzer)
+    microbatches: int | None = None  # per step (the layout's), None where unknown
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,16 @@ class Replayer:
         self.traces = list(inp.traces)
         insts, self.matched, self.lone = collectives.match(self.traces, list(inp.comm_kernels),
                                                           list(inp.members), list(inp.ranks))
-        self.graph = engine.build_graph(self.traces, insts)
-        self.captured = [scenario.captured(t) for t in self.traces]
         self.groups = [collectives._keyed(t, k) for t, k in zip(self.traces, inp.comm_kernels)]
+        op_groups = tuple(_op_groups(t, kd, "group") for t, kd in zip(self.traces, self.groups))
+        op_colls = tuple(_op_groups(t, kd, "collective") for t, kd in zip(self.traces, self.groups))
+        detach = tuple(transforms.detachable(t, g, c) for t, g, c in zip(self.traces, op_groups, op_colls))
+        self.graph = engine.build_graph(self.traces, insts, list(detach))
+        self.captured = [scenario.captured(t) for t in self.traces]
         self.ctx = transforms.Context(
-            op_groups=tuple(_op_groups(t, kd) for t, kd in zip(self.traces, self.groups)),
-            ep_segments=tuple(collectives.segments(self.traces, insts, "EP")))
+            op_groups=op_groups, ep_segments=tuple(collectives.segments(self.traces, insts, "EP")),
+            op_colls=op_colls, detachable=detach, transfer=tuple(_transfers(self.graph, self.traces)),
+            microbatches=inp.microbatches, graph=self.graph, replay=self.replay)
         _, _, _, own = scenario.node_costs(self.graph, self.captured)
         self.measured_end = _ends(self.graph, self.graph.meas, own, len(self.traces))
         self.base = self.replay(self.captured)
@@ -82,10 +87,20 @@ class Replayer:
         return _critical_path(self, out, weights)
 
 
-def _op_groups(t: GpuTrace, kd: dict) -> np.ndarray:
+def _op_groups(t: GpuTrace, kd: dict, key: str) -> np.ndarray:
     g = np.full(t.n_ops, "", object)
-    g[kd["op"]] = kd["group"]
+    g[kd["op"]] = kd[key]
     return g
+
+
+def _transfers(g, traces) -> list[np.ndarray]:
+    """Per GPU, per op: a matched collective's captured transfer (0 for every other op)."""
+    out = [np.zeros(t.n_ops, np.int64) for t in traces]
+    m = g.members
+    for gi, tr in enumerate(out):
+        mine = m.gpu == gi
+        tr[m.op[mine]] = m.transfer[mine]
+    return out
 
 
 def _ends(g, times, own, n_gpus) -> np.ndarray:
@@ -106,6 +121,7 @@ def _critical_path(r: Replayer, out: scenario.Outcome, weights) -> dict:
     if not len(mine):  # a GPU with nothing in its window: no path
         return {w: 0.0 for w in WALLS}
     sink = mine[np.argmax((out.t + own)[mine])]
+    g, lag = scenario.with_ready(g, weights, lag, own)  # a scenario's added edges bind too
     nodes, how = engine.critical_path(g, out.t, off, lag, int(sink))
     walls = np.zeros(len(WALLS))
     host = WALLS.index("host")

@@ -1,12 +1,16 @@
 """A scenario: the graph's weights as captured, or as a change (a wall removed, a fix applied)
-leaves them. Structure never changes; a dropped op or call keeps its node at zero cost."""
+leaves them. Nodes never change; a dropped op or call keeps its node at zero cost. A scenario
+may cut what holds a detachable op (a collective moved to its own stream: its stream order,
+launch and event waits) and add edges that make an op wait for another op's end (``ready_*``:
+the collective starts when its inputs are ready)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .engine import (CALL, COMM_END, E_ARRIVE, E_EVENT, E_LAUNCH, E_ORDER, E_SYNC, E_THREAD, E_XFER, NEG, OP, RET, Graph, solve)
+from .engine import (CALL, COMM_END, E_ARRIVE, E_EVENT, E_LAUNCH, E_ORDER, E_READY, E_STREAM, E_SYNC, E_THREAD,
+                     E_XFER, NEG, OP, RET, Graph, solve)
 from .trace import ALLOC, COMM, COMPUTE, GpuTrace
 
 
@@ -22,12 +26,19 @@ class Weights:
     c_gap: np.ndarray
     c_blocks: np.ndarray  # bool: the call still waits for its op
     h_lag: np.ndarray  # per thread hand-off: ns from the other thread's call end
+    detached: np.ndarray  # bool per op: its stream order, launch and event waits no longer hold it
+    ready_src: np.ndarray  # added edges: op ready_dst starts ready_lag ns (may be < 0) after op ready_src ends
+    ready_dst: np.ndarray
+    ready_lag: np.ndarray
+    ahead: np.ndarray  # per op: ns an op nothing in the window holds may start before its captured start
 
 
 def captured(t: GpuTrace) -> Weights:
+    none = np.zeros(0, np.int64)
     return Weights(op_dur=t.ops.dur.copy(), launch_lag=t.ops.launch_lag.copy(), stream_gap=t.ops.stream_gap.copy(),
                    transfer_scale=np.ones(t.n_ops), c_dur=t.calls.c_dur.copy(), c_gap=t.calls.c_gap.copy(),
-                   c_blocks=t.calls.c_target >= 0, h_lag=t.edges.h_lag.copy())
+                   c_blocks=t.calls.c_target >= 0, h_lag=t.edges.h_lag.copy(), detached=np.zeros(t.n_ops, bool),
+                   ready_src=none, ready_dst=none, ready_lag=none, ahead=np.zeros(t.n_ops, np.int64))
 
 
 def drop_ops(t: GpuTrace, w: Weights, mask: np.ndarray) -> Weights:
@@ -54,7 +65,7 @@ def run(g: Graph, weights: list[Weights]) -> Outcome:
     # solved on times relative to the window's first node: the solver keeps chains apart by
     # offsets that hold for spans below 2**44 ns, not for clocks that count from an epoch
     t0 = int(g.meas.min()) if g.n else 0
-    t, rounds = solve(g, off, lag, np.where(base > NEG, base - t0, NEG))
+    t, rounds = solve(g, off, lag, np.where(base > NEG, base - t0, NEG), extra=ready_edges(g, weights, own))
     t = np.where(t > NEG // 2, t + t0, t)
     return Outcome(t=t, ends=_ends(g, t, own), rounds=rounds)
 
@@ -62,6 +73,31 @@ def run(g: Graph, weights: list[Weights]) -> Outcome:
 def node_costs(g: Graph, weights: list[Weights]):
     """(off, lag, base, own): the solver's weights and each node's own duration."""
     return _arrays(g, weights)
+
+
+def ready_edges(g: Graph, weights: list[Weights], own: np.ndarray) -> tuple | None:
+    """The scenario's added edges as (src, dst, lag) nodes: from the source op's end (its end
+    node when matched, else its start plus its own time) to the op's start."""
+    if not any(len(w.ready_src) for w in weights):
+        return None
+    src, dst, lag = [], [], []
+    for on, en, w in zip(g.op_node, g.end_node, weights):
+        s_node = np.where(en[w.ready_src] >= 0, en[w.ready_src], on[w.ready_src])
+        src.append(s_node), dst.append(on[w.ready_dst]), lag.append(w.ready_lag + own[s_node])
+    return tuple(np.concatenate(x).astype(np.int64) for x in (src, dst, lag))
+
+
+def with_ready(g: Graph, weights: list[Weights], lag: np.ndarray, own: np.ndarray) -> tuple[Graph, np.ndarray]:
+    """The graph with the scenario's added edges among its cross edges (E_READY), and their
+    lags: for following a replayed step's binding path."""
+    extra = ready_edges(g, weights, own)
+    if extra is None:
+        return g, lag
+    src, dst, xlag = extra
+    return (replace(g, esrc=np.concatenate([g.esrc, src]), edst=np.concatenate([g.edst, dst]),
+                    etype=np.concatenate([g.etype, np.full(len(src), E_READY, np.int8)]),
+                    eref=np.concatenate([g.eref, np.full(len(src), -1, np.int64)])),
+            np.concatenate([lag, xlag]))
 
 
 def _flat(g: Graph, weights: list[Weights], name: str) -> np.ndarray:
@@ -101,10 +137,16 @@ def _arrays(g: Graph, weights: list[Weights]):
     off[is_call & hp] = c_gap[call_i[is_call & hp]] + own[pp[is_call & hp]]
     off[g.ntype == RET] = c_dur[call_i[g.ntype == RET]]
     lag = _lags(g, weights, own, op_base, call_base)
-    # a node with no predecessor in the window stays where it was captured
+    # a node with no predecessor in the window (or none a scenario left) stays where it was
+    # captured, or starts as far ahead of it as the scenario lets it
     has_pred = hp.copy()
-    has_pred[g.edst] = True
-    base = np.where(has_pred, NEG, g.meas).astype(np.int64)
+    has_pred[g.edst[lag > NEG]] = True
+    added = ready_edges(g, weights, own)
+    if added is not None:
+        has_pred[added[1]] = True
+    ahead = np.zeros(g.n, np.int64)
+    ahead[is_op] = _flat(g, weights, "ahead").astype(np.int64)[op_i[is_op]]
+    base = np.where(has_pred, NEG, g.meas - ahead).astype(np.int64)
     return off, lag, base, own
 
 
@@ -131,6 +173,15 @@ def _lags(g: Graph, weights: list[Weights], own, op_base, call_base) -> np.ndarr
         xscale = _flat(g, weights, "transfer_scale").astype(np.float64)
         lag[m] = (mem.transfer[rows] * xscale[op_base[mem.gpu[rows]] + mem.op[rows]]).astype(np.int64)
     lag[et == E_ARRIVE] = 0
+    m = et == E_STREAM  # a detachable op's stream order: its chain offset
+    lag[m] = _flat(g, weights, "stream_gap").astype(np.int64)[op_base[dgi[m]] + g.eref[m]] + own[g.esrc[m]]
+    # a detached op: its stream order, launch and event waits no longer hold it
+    held = ((et == E_LAUNCH) | (et == E_EVENT) | (et == E_ORDER) | (et == E_STREAM)) & (g.ntype[g.edst] == OP)
+    det = _flat(g, weights, "detached").astype(bool)
+    if det.any() and held.any():
+        cut = np.zeros(len(et), bool)
+        cut[held] = det[op_base[dgi[held]] + g.ref[g.edst[held]]]
+        lag[cut] = NEG
     m = et == E_THREAD
     if m.any():
         h_lag = _flat(g, weights, "h_lag").astype(np.int64)

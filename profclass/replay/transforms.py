@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import overlap
 from .scenario import Weights, drop_calls, drop_ops
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
 
@@ -56,11 +57,19 @@ def without_wall(wall: str, t: GpuTrace, w: Weights) -> Weights:
 
 @dataclass(frozen=True)
 class Context:
-    """What transforms read beside the traces: each op's collective group, and each op's
-    phase between EP all-to-alls (``collectives.segments``)."""
+    """What transforms read beside the traces: each op's collective group and type, each op's
+    phase between EP all-to-alls (``collectives.segments``), the ops the graph lets a scenario
+    detach, each matched collective's transfer, the micro-batches per step, and the job's graph
+    and replay (a transform whose effect depends on the replayed times replays)."""
 
     op_groups: tuple
     ep_segments: tuple
+    op_colls: tuple = ()
+    detachable: tuple = ()
+    transfer: tuple = ()
+    microbatches: int | None = None
+    graph: object = None
+    replay: object = None
 
 
 def apply(spec: dict, point: str, traces: list[GpuTrace], weights: list[Weights],
@@ -250,7 +259,14 @@ def _fewer_launches(spec, point, traces, weights, ctx):
                     stream_gap=(w.stream_gap * f).astype(np.int64)) for w in weights]
 
 
+def detachable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray:
+    """The ops a scenario may move off their stream: the data-parallel gradient reductions
+    (``overlap.MOVABLE``); the graph keeps their stream order as a cuttable edge."""
+    return overlap.movable(t, groups, colls)
+
+
 _KINDS = {"scale": _scale, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
           "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
-          "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "fewer_launches": _fewer_launches}
+          "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "fewer_launches": _fewer_launches,
+          "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx)}
 KINDS = tuple(_KINDS)

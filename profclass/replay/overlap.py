@@ -1,0 +1,134 @@
+"""The ``overlap`` transform: a collective moved to its own stream and started when its inputs
+are ready (Megatron's --overlap-grad-reduce; assumptions and constants in docs/fixes.md,
+"Replay transforms").
+
+Without overlap, Megatron's DDP reduces each gradient buffer as one collective after the whole
+forward-backward (its bucket size is unset), in the stream's order. With it, the buffer is cut
+into buckets (``--ddp-bucket-size``, default max(40M, 1M x DP) parameters) that the backward
+fills in reverse layer order; each bucket's reduction is launched on the communication stream
+as soon as its last gradient is ready, and ``finish_grad_sync`` makes the optimizer wait for
+all of them. Only the last micro-batch's backward fires the hooks (``no_sync`` holds the
+others), in a pipeline too.
+
+A captured reduction of time T (its matched transfer, else its duration) and B buckets: its
+inputs are the compute ops of its GPU that ended before it started; their last W ns are the
+last micro-batch's backward (W = BACKWARD_SHARE x the GPU's compute per step / micro-batches).
+Bucket k is ready once the backward has run k/B of W (gradients produced evenly over it), and
+the buckets reduce one after another, T/B each, so the reductions end at
+max(r_1 + T, r_B + T/B) (r_1: the first bucket ready, r_B: the backward's end): the collective
+starts at max(r_1, r_B - (1 - 1/B) T), for a matched collective and an unmatched one alike.
+Each bucket past the first adds one collective's fixed cost (``NCCL_LAUNCH_MS``). Compute
+kernels running while a moved reduction runs lose the SMs NCCL's channels hold: the time they
+overlap it (measured by a first replay) grows by the slowdown factor, and the step is replayed
+again.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .. import intervals as iv
+from ..analyzers.communication import BACKWARD_SHARE, NCCL_LAUNCH_MS
+from .trace import COMM, COMPUTE, GpuTrace
+
+MOVABLE_GROUPS = ("DP", "EDP")  # the gradient reductions' groups
+MOVABLE_COLLECTIVES = ("all_reduce", "reduce_scatter")
+
+
+def movable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray:
+    """The ops the graph lets a scenario detach: the data-parallel gradient reductions."""
+    if not len(groups):
+        return np.zeros(t.n_ops, bool)
+    return (t.ops.kind == COMM) & np.isin(groups, MOVABLE_GROUPS) & np.isin(colls, MOVABLE_COLLECTIVES)
+
+
+def apply(spec: dict, pick, point: str, traces, weights, ctx):
+    """Every GPU's weights with its gradient reductions overlapped; None without any."""
+    buckets = max(pick(spec["buckets"], point), 1.0)
+    slowdown = pick(spec["slowdown"], point)
+    names = spec["ops"].split(":", 1)[1].split(",")
+    out, moved = [], []
+    for gi, (t, w) in enumerate(zip(traces, weights)):
+        sel = (ctx.detachable[gi] & np.isin(ctx.op_groups[gi], names)) if ctx.detachable else np.zeros(t.n_ops, bool)
+        w2, det = _overlapped(t, w, sel, buckets, ctx.microbatches, ctx.transfer[gi])
+        out.append(w2)
+        moved.append(det)
+    if not any(m.any() for m in moved):
+        return None
+    return _contended(traces, out, moved, slowdown, ctx) if slowdown > 1.0 else out
+
+
+def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, transfer: np.ndarray):
+    """(weights, detached ops) of one GPU: each selected reduction detached from its stream,
+    launch and event waits, and held by its readiness edges instead."""
+    comp = np.flatnonzero(t.ops.kind == COMPUTE)
+    c = np.flatnonzero(sel)
+    if not len(comp) or not len(c):
+        return w, np.zeros(t.n_ops, bool)
+    cend = t.ops.start[comp] + t.ops.dur[comp]
+    order = np.argsort(cend, kind="stable")
+    comp, cend = comp[order], cend[order]
+    cum = np.cumsum(w.op_dur[comp])
+    window = BACKWARD_SHARE * float(cum[-1]) / max(t.iterations, 1) / max(microbatches or 1, 1)
+    k = np.searchsorted(cend, t.ops.start[c], side="right") - 1  # the last input ended before it
+    matched = transfer[c] > 0
+    own = np.where(matched, transfer[c] * w.transfer_scale[c], w.op_dur[c]).astype(np.int64)
+    extra = int(round((buckets - 1) * NCCL_LAUNCH_MS * 1e6))  # one collective's fixed cost per extra bucket
+    share = np.ones(t.n_ops)  # the new time over the old of each reduction
+    share[c] = (own + extra) / np.maximum(own, 1)
+    # a reduction whose backward lies before the window (the window opens with it) started right
+    # after its backward: overlapped, it starts (1 - 1/B) min(T, W) before that
+    lead = k < 0
+    ahead = w.ahead.copy()
+    ahead[c[lead]] = ((1 - 1 / buckets) * np.minimum(own[lead], window)).astype(np.int64)
+    keep = ~lead
+    c, k, T = c[keep], k[keep], own[keep] + extra
+    k1 = np.minimum(np.searchsorted(cum, cum[k] - window * (1 - 1 / buckets), side="left"), k)
+    gap = w.stream_gap[c]
+    prev = _stream_prev(t)[c]
+    chained = (prev >= 0) & sel[np.clip(prev, 0, None)]  # moved reductions stay in their stream's order
+    src = np.concatenate([comp[k1], comp[k], prev[chained]])
+    dst = np.concatenate([c, c, c[chained]])
+    lag = np.concatenate([gap, gap - (T * (1 - 1 / buckets)).astype(np.int64), gap[chained]])
+    detached = w.detached.copy()
+    detached[c] = True
+    detached[np.flatnonzero(sel)[lead]] = True
+    is_m = transfer > 0
+    return replace(w, transfer_scale=np.where(sel & is_m, w.transfer_scale * share, w.transfer_scale),
+                   op_dur=np.where(sel & ~is_m, (w.op_dur * share).astype(np.int64), w.op_dur),
+                   detached=detached, ahead=ahead, ready_src=np.concatenate([w.ready_src, src]),
+                   ready_dst=np.concatenate([w.ready_dst, dst]), ready_lag=np.concatenate([w.ready_lag, lag])), detached
+
+
+def _stream_prev(t: GpuTrace) -> np.ndarray:
+    """Each op's predecessor on its stream (-1 for a stream's first)."""
+    order = np.lexsort((t.ops.start, t.ops.stream))
+    prev = np.full(t.n_ops, -1, np.int64)
+    same = t.ops.stream[order][1:] == t.ops.stream[order][:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    return prev
+
+
+def _contended(traces, weights, moved, slowdown: float, ctx):
+    """The compute time that runs under a moved reduction (and did not in the capture) grows
+    by ``slowdown``: replayed once to find it, then the weights with it."""
+    out = ctx.replay(weights)
+    g = ctx.graph
+    res = []
+    for gi, (t, w, mv) in enumerate(zip(traces, weights, moved)):
+        if not mv.any():
+            res.append(w)
+            continue
+        s = out.t[g.op_node[gi]]
+        en = g.end_node[gi]
+        e = np.where(en >= 0, out.t[np.clip(en, 0, None)], s + w.op_dur)
+        c = np.flatnonzero(mv)
+        comp = t.ops.kind == COMPUTE
+        now = iv.measure_within(iv.union(s[c], e[c]), s[comp], s[comp] + w.op_dur[comp])
+        cap_end = t.ops.start + t.ops.dur
+        before = iv.measure_within(iv.union(t.ops.start[c], cap_end[c]), t.ops.start[comp], cap_end[comp])
+        dur = w.op_dur.copy()
+        dur[comp] += ((slowdown - 1.0) * np.clip(now - before, 0, None)).astype(np.int64)
+        res.append(replace(w, op_dur=dur))
+    return res
