@@ -152,3 +152,45 @@ def test_the_solver_agrees_with_a_plain_longest_path_on_a_random_graph():
             break
         ref = new
     assert np.array_equal(got, ref)
+
+
+def _relaxed(g, off, lag, base, extra=None):
+    """Repeated relaxation until nothing moves (Bellman-Ford on the DAG)."""
+    src, dst, xl = (g.esrc, g.edst, lag) if extra is None else (
+        np.concatenate([g.esrc, extra[0]]), np.concatenate([g.edst, extra[1]]), np.concatenate([lag, extra[2]]))
+    ref = np.where(base > engine.NEG, base, engine.NEG).astype(np.int64)
+    for _ in range(g.n):
+        new = ref.copy()
+        has = g.cprev >= 0
+        new[has] = np.maximum(new[has], ref[g.cprev[has]] + off[has])
+        live = xl > engine.NEG
+        np.maximum.at(new, dst[live], ref[src[live]] + xl[live])
+        if np.array_equal(new, ref):
+            break
+        ref = new
+    return ref
+
+
+def test_the_solver_agrees_with_a_plain_longest_path_with_detached_ops_and_added_edges():
+    rng = np.random.default_rng(11)
+    n = 300
+    gaps = rng.integers(0, 30 * US, n)
+    cs = np.cumsum(gaps + 2 * US)
+    calls = [(int(cs[i]), 2 * US, 1, LAUNCH, int(gaps[i]), -1, 0) for i in range(n)]
+    ops = sorted((int(cs[i] + 5 * US), int(rng.integers(1, 40) * US), int(rng.integers(0, 3)), COMPUTE, i, 5 * US, US)
+                 for i in range(n))
+    t = _trace(ops, calls, events=[(i, i + 3, 2 * US) for i in range(0, n - 3, 17)])
+    detachable = np.zeros(n, bool)
+    detachable[10::10] = True
+    g = engine.build_graph([t], [], [detachable])
+    w = scenario.captured(t)
+    # the captured weights replay the same with the stream order as a cuttable edge
+    plain = engine.build_graph([t], [])
+    assert np.array_equal(scenario.run(g, [w]).t, scenario.run(plain, [w]).t)
+    dst = np.flatnonzero(detachable)[::2]
+    moved = scenario.Weights(**{**vars(w), "detached": np.isin(np.arange(n), dst), "ready_src": dst - 5,
+                                "ready_dst": dst, "ready_lag": rng.integers(-20, 20, len(dst)) * US})
+    off, lag, base, own = scenario.node_costs(g, [moved])
+    extra = scenario.ready_edges(g, [moved], own)
+    got, _ = engine.solve(g, off, lag, base, extra=extra)
+    assert np.array_equal(got, _relaxed(g, off, lag, base, extra))

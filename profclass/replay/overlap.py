@@ -17,7 +17,8 @@ Bucket k is ready once the backward has run k/B of W (gradients produced evenly 
 the buckets reduce one after another, T/B each, so the reductions end at
 max(r_1 + T, r_B + T/B) (r_1: the first bucket ready, r_B: the backward's end): the collective
 starts at max(r_1, r_B - (1 - 1/B) T), for a matched collective and an unmatched one alike.
-Each bucket past the first adds one collective's fixed cost (``NCCL_LAUNCH_MS``). Compute
+Each bucket past the first adds one collective's fixed cost (``NCCL_LAUNCH_MS``); a reduction
+that followed another collective on its stream stays behind it. Compute
 kernels running while a moved reduction runs lose the SMs NCCL's channels hold: the time they
 overlap it (measured by a first replay) grows by the slowdown factor, and the step is replayed
 again.
@@ -87,7 +88,9 @@ def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, t
     k1 = np.minimum(np.searchsorted(cum, cum[k] - window * (1 - 1 / buckets), side="left"), k)
     gap = w.stream_gap[c]
     prev = _stream_prev(t)[c]
-    chained = (prev >= 0) & sel[np.clip(prev, 0, None)]  # moved reductions stay in their stream's order
+    # a reduction that followed another collective on its stream stays behind it (a
+    # communication stream runs its collectives in order); one that followed compute leaves it
+    chained = (prev >= 0) & (t.ops.kind[np.clip(prev, 0, None)] == COMM)
     src = np.concatenate([comp[k1], comp[k], prev[chained]])
     dst = np.concatenate([c, c, c[chained]])
     lag = np.concatenate([gap, gap - (T * (1 - 1 / buckets)).astype(np.int64), gap[chained]])
