@@ -3,11 +3,13 @@
 per-file trace building and in its job-level stage (graph, scenarios, plan), and peak RSS.
 
     python bench/replay_cost.py bench/out/dpoverlap_4gpu_1G.sqlite [--rounds 3]
+    python bench/replay_cost.py fixtures/profiles/dpnooverlap_4gpu.sqlite.xz --without dp_overlap_grad_reduce
 
 The replay's share is (trace building + job stage) over the whole diagnosis, measured in the
 same run (issue 30: at most 25% on the 1 GB bench export). Trace building runs inside the
 per-file stage, in up to two threads: its time is summed over threads (an upper bound on the
-wall time it adds).
+wall time it adds). ``--without FIX``: that fix's transform left out of the table (it keeps its
+share model), for what one transform adds.
 """
 from __future__ import annotations
 
@@ -26,10 +28,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--without", help="a fix id whose transform is left out")
     args = ap.parse_args(argv)
     import profclass
-    from profclass import ranks
+    from profclass import fixes, ranks
     from profclass.replay import run as replay_run
+
+    if args.without:
+        table = fixes.load_table
+        fixes.load_table = lambda: [{k: v for k, v in f.items() if not (k == "transform" and f["id"] == args.without)}
+                                    for f in table()]
 
     spent = {"trace": 0.0, "job": 0.0}
     lock = threading.Lock()
