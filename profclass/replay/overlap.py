@@ -49,9 +49,11 @@ def apply(spec: dict, pick, point: str, traces, weights, ctx):
     buckets = max(pick(spec["buckets"], point), 1.0)
     slowdown = pick(spec["slowdown"], point)
     names = spec["ops"].split(":", 1)[1].split(",")
+    if not ctx.detachable:  # a graph built without detachable ops: nothing can move
+        return None
     out, moved = [], []
     for gi, (t, w) in enumerate(zip(traces, weights)):
-        sel = (ctx.detachable[gi] & np.isin(ctx.op_groups[gi], names)) if ctx.detachable else np.zeros(t.n_ops, bool)
+        sel = ctx.detachable[gi] & np.isin(ctx.op_groups[gi], names)
         w2, det = _overlapped(t, w, sel, buckets, ctx.microbatches, ctx.transfer[gi])
         out.append(w2)
         moved.append(det)
