@@ -47,6 +47,9 @@ class Layout:
     # collective types issued per layer, and whether a MoE router ran
     per_layer: set = field(default_factory=set)
     moe_router: bool = False
+    # the world is the GPUs in the profile (no WORLD_SIZE, no torchrun sizes captured): right
+    # only when every rank is in it
+    world_from_gpus: bool = False
 
     def size(self, name: str) -> int | None:
         return self.sizes.get(name)
@@ -128,6 +131,7 @@ def build(flags: dict, command: list[str], env: dict, n_gpus: int) -> Layout:
         flags, command, env = {}, [], {}
     sizes, source = read_command_line(flags, command)
     layout = Layout(world_size(flags, env, n_gpus), sizes, source)
+    layout.world_from_gpus = world_size(flags, env, 0) == 0
     layout.gpus_per_node = _int(env.get("LOCAL_WORLD_SIZE", "") or "") or \
         _int(flags.get("--nproc-per-node", flags.get("--nproc_per_node", "")) or "")
     fill(layout)

@@ -196,6 +196,29 @@ def _chain_size(edges: set) -> int:
     return best
 
 
+def pp_size(edges: set, world: int | None) -> tuple[int | None, str | None]:
+    """PP from the pipeline neighbours found, and why not where they cannot tell.
+
+    parallel_state makes PP the slowest rank coordinate: stage k's ranks sit k x s past stage
+    0's, s = world / PP, so neighbouring stages are s ranks apart and the interleaved
+    schedule's wrap (last stage to first) world - s. Each edge gives s = min(d, world - d) for
+    its distance d, which must divide the world; one s for every edge gives PP = world / s
+    whether or not every neighbour showed (a GPU-bound interleaved job's middle pair ends too
+    spread to match). Without the world or global ranks, the largest chain of edges."""
+    if not edges:
+        return 1, None
+    pairs = [tuple(e) for e in edges]
+    if not world or any(not isinstance(r, (int, np.integer)) for pair in pairs for r in pair):
+        return _chain_size(edges), None
+    strides = {min(abs(a - b), world - abs(a - b)) for a, b in pairs}
+    if len(strides) == 1 and world % (s := strides.pop()) == 0 and s > 0:
+        return world // s, None
+    found = sorted(tuple(sorted(p)) for p in pairs)
+    shown = ", ".join(f"{a}-{b}" for a, b in found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    return None, (f"pipeline neighbours found ({shown}) fit no one stage stride dividing the world of "
+                  f"{world} (PP is the slowest rank coordinate)")
+
+
 def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=None, gemms=None,
           moe_router: bool = False) -> None:
     """Fill TP, PP and EP (and what they force) from the traffic, where no command line said
@@ -205,7 +228,15 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     if per_layer is not None:  # for the group guess when no layout is known
         layout.per_layer = set().union(*per_layer)
         layout.moe_router = moe_router
-    if any(layout.source.get(k) for k in ("tp", "pp", "ep")) or len(kernels) < 2:
+    if any(layout.source.get(k) for k in ("tp", "pp", "ep")):
+        return
+    if len(kernels) == 1 and layout.world_from_gpus and len(kernels[0]):
+        # one GPU whose collectives have peers: the job is bigger than the profile, by how much
+        # nothing in it says (NCCL's NVTX ranges, where captured, carry no communicator size)
+        layout.world = None
+        _undetermined(layout, ("tp", "cp", "pp", "ep", "dp"), "one rank in the profile, its collectives' peers "
+                                                             "outside it: no partner to match, no world size")
+    if len(kernels) < 2:
         return
     shape = dict(zip(ranks, program_shape))
     unstrided = _classify(buckets(kernels, ranks), shape)
@@ -227,13 +258,14 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     s, src = layout.sizes, layout.source
     s["ep"], src["ep"] = ((None, None) if ambiguous else
                           ((max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"))
-    s["pp"], src["pp"] = _chain_size(pp_edges), "inferred"
+    s["pp"], why = pp_size(pp_edges, layout.world)
+    src["pp"] = "inferred" if why is None else f"{UNDETERMINED}: {why}"
     if tp:
         s["tp"], s["cp"], src["tp"], src["cp"] = tp, 1, "inferred", "inferred"
     if layout.world and layout.world == s["pp"]:  # nothing left for TP or CP
         for k in ("tp", "cp"):
             s[k], src[k] = 1, "inferred"
-    _drop_impossible(layout, kernels, ranks, pp_edges)
+    _drop_impossible(layout, kernels, ranks)
     fill(layout)
 
 
@@ -245,25 +277,29 @@ def _undetermined(layout: Layout, names, why: str) -> None:
         layout.sizes[k], layout.source[k] = None, f"{UNDETERMINED}: {why}"
 
 
-def _drop_impossible(layout: Layout, kernels, ranks, pp_edges: set) -> None:
+def _drop_impossible(layout: Layout, kernels, ranks) -> None:
     """Inferred sizes that no Megatron layout of this world allows become null, with the reason
     in ``layout.source``: ranks with identical collective timelines (copies of one rank: their
-    partners cannot be told apart), a size that does not divide the world, groups that together
-    exceed it, or pipeline neighbours that are not ``world / PP`` ranks apart (PP is the slowest
-    rank coordinate in parallel_state's orders)."""
+    partners cannot be told apart, whatever else they seemed to show), a size that does not
+    divide the world, or groups that together exceed it (``pp_size`` has judged the pipeline
+    neighbours)."""
     s, world = layout.sizes, layout.world
-    inferred = [k for k in ("tp", "cp", "pp", "ep") if layout.source.get(k) == "inferred"]
+    inferred = [k for k in ("tp", "cp", "pp", "ep") if layout.source.get(k) == "inferred"
+                or str(layout.source.get(k)).startswith(UNDETERMINED)]
     if not inferred or not world:
         return
     seen: dict[tuple, int] = {}
     for r, k in zip(ranks, kernels):
+        # the gaps between ends, not the ends: a copy whose clock the alignment moved by a few
+        # ns is still a copy (no two real ranks share every gap to the ns)
         ends = np.sort(k["end"].to_numpy(np.int64))
-        key = (len(ends), int(ends.sum() % (1 << 61)), ends[:8].tobytes(), ends[-8:].tobytes())
+        key = (len(ends), hash(np.diff(ends).tobytes()))
         if len(ends) and key in seen:
             _undetermined(layout, inferred, f"ranks {seen[key]} and {r} have identical collective timelines "
                                             "(copies of one rank)")
             return
         seen[key] = r
+    inferred = [k for k in inferred if layout.source[k] == "inferred"]
     bad = [f"{k.upper()}={s[k]}" for k in inferred if s.get(k) and world % s[k]]
     if bad:
         _undetermined(layout, inferred, f"the traffic gives {', '.join(bad)}, which does not divide the world of {world}")
@@ -272,9 +308,6 @@ def _drop_impossible(layout: Layout, kernels, ranks, pp_edges: set) -> None:
     if world % (tp * cp * pp) or world % (tp * ep * pp):
         _undetermined(layout, inferred, f"TP={tp}, CP={cp}, PP={pp}, EP={ep} do not fit a world of {world}")
         return
-    if pp > 1 and any(abs(a - b) % (world // pp) for a, b in map(tuple, pp_edges)):
-        _undetermined(layout, ["pp"], f"pipeline neighbours found are not {world // pp} ranks apart as PP={pp} "
-                                      "needs (a pipeline neighbour missed)")
 
 
 def infer_passes(layout: Layout, ranks, passes: list, warmups: list) -> None:
@@ -299,6 +332,13 @@ def infer_passes(layout: Layout, ranks, passes: list, warmups: list) -> None:
         last = [w for r, w in zip(ranks, warmups) if w and r is not None and r // per_stage == pp - 1]
         if last:
             vpp = int(round((float(np.median(last)) - 1) / pp)) + 1
+    # a job bigger than one GPU (or one rank of one) whose PP is unknown: the passes are seen,
+    # their split is not (a one-GPU profile without collectives keeps the plain unknown)
+    bigger = len(ranks) > 1 or str(src.get("pp")).startswith(UNDETERMINED)
+    if pp is None and bigger and s.get("vpp") is None and s.get("microbatches") is None:
+        _undetermined(layout, ("vpp", "microbatches"), f"{chunks} forward passes per step (VPP x micro-batches), "
+                                                       "and PP unknown")
+        return
     if vpp is None or vpp < 1 or chunks < vpp or chunks % vpp:
         return
     if s.get("vpp") is None:

@@ -14,7 +14,7 @@ from .gainmodel import Gain, gain, removed, share_of
 from .idle import copy_roles
 from .job import Job, evidence_row, mean_per_step_ms
 from .protocol import Analyzer
-from .recompute import forward_passes, recomputed_spans
+from .recompute import forward_passes, outside, recomputed_spans
 from .results import MemoryResult
 from .sets import WindowSets, clipped_set
 
@@ -59,17 +59,21 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> MemoryResult:
                      pair_fwd_ns=int((fwd["end"].clip(upper=hi) - fwd["start"].clip(lower=lo)).clip(lower=0).sum()),
                      offload_bytes=int(off["bytes"].sum()),
                      offload_exposed_ns=iv.total(iv.subtract(clipped_set(off, lo, hi), sets.compute_or_comm)))
-    _measure_recompute(r, gpu, sets)
-    if r.recompute_ratio < MIN_RECOMPUTE_RATIO:  # recomputed forwards would count as passes
-        r.forward_passes, r.warmup_forwards = forward_passes(
-            comp, gpu.steady["start"].to_numpy(np.int64))
+    recomputed = _measure_recompute(r, gpu, sets)
+    # forward passes are the forwards that are not recomputed: once the recomputed spans are
+    # taken out, every forward-only kernel left must have its backward partner (ratio below
+    # the threshold), else recomputed forwards the spans missed would count as passes
+    kept = outside(comp, recomputed)
+    if recompute_ratio(kept) < MIN_RECOMPUTE_RATIO:
+        r.forward_passes, r.warmup_forwards = forward_passes(kept, gpu.steady["start"].to_numpy(np.int64))
     r.total_memory_bytes, r.peak_memory_bytes = _footprint(gpu, prof)
     return r
 
 
-def _measure_recompute(r: MemoryResult, gpu: GpuTimeline, sets: WindowSets) -> None:
+def _measure_recompute(r: MemoryResult, gpu: GpuTimeline, sets: WindowSets) -> iv.IntervalSet:
     """The recomputed forward's spans inside backward (``recompute``), split by what ran in
-    them; without backward-only kernels, the kernel-ratio estimate."""
+    them; without backward-only kernels, the kernel-ratio estimate. Returns the spans (empty
+    where none were found)."""
     comp = sets.compute_ops
     if not (comp["side"] == "bwd").any():
         _estimate_recompute(r, sets)
@@ -78,12 +82,15 @@ def _measure_recompute(r: MemoryResult, gpu: GpuTimeline, sets: WindowSets) -> N
         # pipeline's later micro-batch forwards between backwards look like recompute)
         r.recompute_measured_ns = 0
     else:
-        recomputed = iv.clip(recomputed_spans(comp), sets.lo, sets.hi)
+        spans = recomputed_spans(comp)
+        recomputed = iv.clip(spans, sets.lo, sets.hi)
         r.recompute_measured_ns = r.recompute_ns = iv.total(recomputed)
         r.recompute_compute_ns = iv.total(iv.intersect(recomputed, sets.compute))
         r.recompute_comm_ns = iv.total(iv.intersect(iv.subtract(recomputed, sets.compute), sets.comm))
         busy = iv.union(np.r_[sets.compute_or_comm[0], sets.copies[0]], np.r_[sets.compute_or_comm[1], sets.copies[1]])
         r.recompute_idle_ns = iv.total(iv.subtract(recomputed, busy))
+        return spans
+    return iv.EMPTY
 
 
 def _estimate_recompute(r: MemoryResult, sets: WindowSets) -> None:

@@ -80,19 +80,31 @@ def recomputed_spans(compute_ops: pd.DataFrame) -> iv.IntervalSet:
     return iv.union(start[run_lo[keep]], end[run_hi[keep] - 1])
 
 
+def outside(ops: pd.DataFrame, spans: iv.IntervalSet) -> pd.DataFrame:
+    """The kernels of ``ops`` that start outside every span of the interval set ``spans``."""
+    if spans[0].size == 0:
+        return ops
+    t = ops["start"].to_numpy(np.int64)
+    i = np.searchsorted(spans[0], t, side="right") - 1
+    inside = (i >= 0) & (t < spans[1][np.clip(i, 0, None)])
+    return ops[~inside]
+
+
 def forward_passes(compute_ops: pd.DataFrame, step_starts: np.ndarray) -> tuple[float | None, float | None]:
     """(forward passes per step, forward passes in the step's longest backward-free stretch)
     on one GPU, from its compute kernels in the window, or (None, None) where they do not show.
+    ``compute_ops`` holds no recomputed forward (``outside(ops, recomputed_spans(ops))``).
 
     A forward pass of one micro-batch (of one model chunk, with VPP) runs its layers' forward-
     only pair kernels (``fwd`` side) with no backward-only kernel among them: a stretch between
     backward-only kernels. Stretches in the middle of a step are single forwards in 1F1B's steady
     phase; the first and last of a step may be cut by the step's edge or hold several warm-up
     forwards, so the fwd kernels of one forward are the median over the middle stretches (over
-    all of them where a step has no middle one). Every
-    forward has its backward, which runs the partners (``bwd`` side): passes per step = backward-
-    only kernels per step / fwd kernels per forward. The longest stretch holds the warm-up's
-    forwards in a row (``layout_stage``: VPP from the last stage's)."""
+    all of them where a step has no middle one). Passes per step = fwd kernels per step / fwd
+    kernels per forward: the same kernels counted twice, where a count of their backward
+    partners would carry the pairs' own imbalance (57 backward-only against 52 forward-only
+    kernels a pass on mcore_rc_none_ample). The longest stretch holds the warm-up's forwards
+    in a row (``layout_stage``: VPP from the last stage's)."""
     ops = compute_ops.sort_values("start", kind="stable")
     side = ops["side"].to_numpy().astype(str)
     is_bwd, is_fwd = side == "bwd", side == "fwd"
@@ -115,4 +127,4 @@ def forward_passes(compute_ops: pd.DataFrame, step_starts: np.ndarray) -> tuple[
     # stretch, and no warm-up to merge forwards either: every stretch with fwd kernels is one
     unit = float(np.median(fwd[middle] if middle.size else fwd[has]))
     longest = float(np.median([fwd[has][step_of[has] == k].max() for k in np.unique(step_of[has])]))
-    return is_bwd.sum() / steps / unit, longest / unit
+    return is_fwd.sum() / steps / unit, longest / unit
