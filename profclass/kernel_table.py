@@ -47,6 +47,16 @@ def normalise_name(name: str) -> str:
     return _NUMBER.sub("N", n)
 
 
+def name_codes(full: pd.Series) -> tuple[np.ndarray, tuple]:
+    """Per row: a code into the distinct normalised names (``normalise_name`` once per distinct
+    name), -1 where there is none; and those names."""
+    cat = full.astype("category")
+    inverse, names = pd.factorize(pd.Index([normalise_name(n) for n in cat.cat.categories]))
+    codes = cat.cat.codes.to_numpy(np.int64)
+    safe = inverse[np.clip(codes, 0, None)] if len(inverse) else np.full(len(codes), -1)
+    return np.where(codes >= 0, safe, -1).astype(np.int32), tuple(str(n) for n in names)
+
+
 _META_COLUMNS = ["full_name", "library", "collective", "is_comm", "is_gemm", "is_fp8"]
 
 

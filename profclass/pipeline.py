@@ -39,6 +39,9 @@ class NotInJson:
     timelines: list | None = None
     # a diagnosis read back from its JSON: (path, schema version, profclass version)
     saved_from: tuple | None = None
+    # diagnose(keep_replay=True): the replay's inputs (per-GPU traces on the job's clock), for
+    # ``diff``'s replayed split of a step change (profclass.diff.split)
+    replay_inputs: object | None = None
 
 
 @dataclass(frozen=True)
@@ -119,12 +122,13 @@ def _jsonable(o):
 
 def diagnose(paths, iteration_regex: str | None = None, progress=None,
              keep_timelines: bool = False, jobs: int = 1, scheduler: str | None = None,
-             price_fixes: tuple[str, ...] = ()) -> Diagnosis:
+             price_fixes: tuple[str, ...] = (), keep_replay: bool = False) -> Diagnosis:
     """Diagnose a job from its nsys exports. Raises ProfileError on bad input.
 
     ``progress(message, fraction=None)``, when given, is called as each stage starts
     (fraction: how far through the files, or through an nsys export, when known).
     ``keep_timelines`` keeps the per-GPU timelines on ``Diagnosis.timelines`` (single process).
+    ``keep_replay`` keeps the replay's inputs on ``Diagnosis.extra.replay_inputs`` (``diff``).
     ``jobs``: per-file work in that many local processes; ``scheduler``: on a Dask cluster
     (an address, or ``local``); either way only compact per-rank summaries come back
     (``profclass.ranks``), and the result is the same as in one process.
@@ -150,6 +154,8 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
             if g.timeline is not None:
                 g.timeline.rank = g.rank
         d = replace(d, extra=replace(d.extra, timelines=[g.timeline for g in gpus if g.timeline is not None] or None))
+    if not keep_replay:
+        d = replace(d, extra=replace(d.extra, replay_inputs=None))
     return d
 
 
@@ -159,7 +165,8 @@ def diagnose_summaries(summaries, files, paths, iteration_regex: str | None = No
     callers that run that work themselves (the ``nsys recipe profclass`` reducer, profclass.recipe).
     ``files``: ``inputs.InputFile`` rows; ``sqlite`` may be None where the file is to be resolved
     again from ``given`` (a compressed export, an .nsys-rep report)."""
-    return _reduce(summaries, files, [str(p) for p in paths], iteration_regex, False, None)[0]
+    d = _reduce(summaries, files, [str(p) for p in paths], iteration_regex, False, None)[0]
+    return replace(d, extra=replace(d.extra, replay_inputs=None))
 
 
 def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes=()):
@@ -241,7 +248,9 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     # a fix is already on when its flag is on the command line or its variable in the environment
     chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, {**env_all, **job.flags},
                           out.numbers, step_ms=job.step_ms)
-    replayed = _replay(job, gpus, chosen, price_fixes)
+    inp = _replay_inputs(job, gpus)
+    replayed = replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, walls.verdict.wall,
+                                     price_fixes)
     chosen = replay_run.priced(chosen, replayed.prices, job.step_ms)
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     for pf in found:
@@ -258,21 +267,19 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
         kernels=table_records(kernel_table(gpus, [r.iterations for r in records], list(comm.kernels))),
-        extra=NotInJson(numbers=out.numbers), replayed=ReplayReport(replayed.section, replayed.plan),
+        extra=NotInJson(numbers=out.numbers, replay_inputs=inp), replayed=ReplayReport(replayed.section, replayed.plan),
         **out.sections)
 
 
-def _replay(job: Job, gpus, chosen: list[dict], also: tuple[str, ...]) -> replay_run.ReplayResult:
-    """The replay stage: the job's per-GPU traces (on the job's clock), its collectives' groups
-    and the chosen fixes with their table rows (profclass.replay)."""
-    inp = replay_run.ReplayInputs(
+def _replay_inputs(job: Job, gpus) -> replay_run.ReplayInputs:
+    """The replay stage's inputs: the job's per-GPU traces (on the job's clock), its
+    collectives' groups, its measured steps (profclass.replay)."""
+    return replay_run.ReplayInputs(
         traces=tuple(replace(g.replay_trace, shift_ns=g.shift_ns) for g in gpus),
         comm_kernels=tuple(job.comm.kernels), members=tuple(job.comm.members), ranks=tuple(g.rank for g in gpus),
         step_ns=tuple(r.analysis.window.window_ns / r.iterations for r in job.records),
         profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records),
         microbatches=job.layout.size("microbatches") if job.layout else None)
-    return replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, job.walls.verdict.wall,
-                                 also)
 
 
 def _config(profiles, all_ops, records, lay) -> dict:

@@ -25,6 +25,7 @@ from ..analyzers.host import GC_RANGES
 from ..analyzers.idle import ALLOC_CALLS, OFFLOAD_MIN_BYTES, SYNC_CALLS
 from ..analyzers.recompute import recomputed_spans
 from ..analyzers.sets import contains_per_distinct, name_matches
+from ..kernel_table import name_codes
 from ..timeline import GpuTimeline
 from .constants import LATENCY_CAPS, MAX_TRACE_ITERATIONS, MAX_TRACE_OPS, THREAD_WAIT_NS
 from .latency import inferred_edges, latencies
@@ -50,6 +51,7 @@ class Ops:
     launch: np.ndarray  # index of the launching call, -1 when outside the window/unknown
     launch_lag: np.ndarray  # ns from the launch call's start to the op's start when not blocked
     stream_gap: np.ndarray  # ns from the stream predecessor's end
+    name: np.ndarray | None = None  # code into GpuTrace.names per op (-1: none); None: not kept
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class GpuTrace:
     measured_end: int  # last op or call end in the window (the replay's reference)
     unexplained_ns: int  # waiting no edge explains (latencies above their caps)
     shift_ns: int = 0
+    names: tuple = ()  # normalised op names (what ``diff`` matches by): ``Ops.name`` codes into it
 
     @property
     def n_ops(self) -> int:
@@ -159,13 +162,14 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None) -> GpuTrace:
     measured_end = int(max(end.max(initial=lo), calls["start"].to_numpy(np.int64).max(initial=lo)))
     unexplained += int(np.clip(c["c_wake"] - LATENCY_CAPS["wake"], 0, None).sum())
     h = {k: c.pop(k) for k in ("h_src", "h_dst", "h_lag")}
+    name_code, names = name_codes(ops["full_name"])
     return GpuTrace(
         lo=lo, hi=hi, iterations=its,
         ops=Ops(start=start, dur=end - start, stream=stream, kind=kind, gemm=ops["is_gemm"].to_numpy(bool),
                 elementwise=_elementwise(ops, kind), recomputed=recomputed, offload=offload, launch=launch,
-                launch_lag=lags, stream_gap=gaps),
+                launch_lag=lags, stream_gap=gaps, name=name_code),
         calls=Calls(**c), edges=Edges(e_src=e_src, e_dst=e_dst, e_lag=e_lag, e_from_start=from_start, **h),
-        edge_source=source, measured_end=measured_end, unexplained_ns=unexplained)
+        edge_source=source, measured_end=measured_end, unexplained_ns=unexplained, names=names)
 
 
 def _calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
