@@ -92,7 +92,7 @@ def diagnosis(request):
             path = profile_path(name)
             if path.suffix == ".nsys-rep":
                 request.getfixturevalue("nsys")  # a report needs nsys to export it
-            cache[name] = profclass.diagnose(str(path))
+            cache[name] = profclass.diagnose(str(path), keep_replay=True)  # diff splits by replay
         return cache[name]
 
     return get

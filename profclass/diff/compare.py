@@ -17,6 +17,7 @@ from .causes import attribute
 from ..fixes import load_table
 from .fix_gains import fix_gains
 from .saved import as_diagnosis
+from .split import split_step
 from .stats import ALPHA, MIN_EFFECT, step_test
 
 KERNEL_MIN_MS = 0.005  # kernels below this on both sides are noise, not part of the change
@@ -332,6 +333,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     # a rise in waiting is the waited-for rank's wall, not communication
     verdict_deltas = causes["walls_delta_ms"] if causes and causes["charged"] else walls_delta
     applied = fix_gains(b, c, mb, mc)
+    step["split"] = split_step(b, c, mc - mb, applied, {f["id"]: f for f in load_table()})
     verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, components, kernels), applied,
                              significant, change)
     return DiffResult(

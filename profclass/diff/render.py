@@ -8,6 +8,7 @@ from ..formatting import md_cell, p_value, shorten, signed_ms
 from ..kernels import collective_label
 from .compare import DiffResult
 from .fix_gains import fix_gain_lines
+from .split import split_lines
 
 
 def one_line(r: DiffResult) -> str:
@@ -28,6 +29,8 @@ def render_text(r: DiffResult, width: int = 120, top: int = 12) -> str:
     con.print(f"[bold]profclass diff[/bold]  base {', '.join(r.base['inputs'])}")
     con.print(f"                candidate {', '.join(r.candidate['inputs'])}")
     con.print(f"[bold]{r.verdict['summary']}[/bold]")
+    for line in split_lines(r.step.get("split")):  # after the recognised change the verdict leads with
+        con.print(line + ".")
     con.print(f"Step: base {s['base_ms']:.2f} ms (std {s['base_std_ms']:.2f}, n={s['base_iterations']}), "
               f"candidate {s['candidate_ms']:.2f} ms (std {s['candidate_std_ms']:.2f}, n={s['candidate_iterations']}), "
               f"ratio {s['ratio']:.4f}")
@@ -112,6 +115,7 @@ def render_markdown(r: DiffResult, top: int = 10) -> str:
     icon = {"regression": "Regression", "improvement": "Improvement"}.get(r.change, "No significant change")
     p = p_value(t["p_value"])
     lines = [f"## profclass diff: **{icon}** ({s['delta_pct']:+.1f}% step time)", "", r.verdict["summary"], "",
+             *[x for line in split_lines(s.get("split")) for x in (md_cell(line) + ".", "")],
              "| | base | candidate |", "|---|---:|---:|",
              f"| step (mean, ms) | {s['base_ms']:.2f} | {s['candidate_ms']:.2f} |",
              f"| std (ms) | {s['base_std_ms']:.2f} | {s['candidate_std_ms']:.2f} |",

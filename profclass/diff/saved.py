@@ -47,4 +47,4 @@ def as_diagnosis(side, iteration_regex: str | None) -> Diagnosis:
         raise ProfileError("(none)", "no profile given")
     if len(paths) == 1 and paths[0].endswith(".json"):
         return load_saved(paths[0])
-    return _diagnose(paths, iteration_regex=iteration_regex)
+    return _diagnose(paths, iteration_regex=iteration_regex, keep_replay=True)  # the split replays it

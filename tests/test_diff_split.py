@@ -1,0 +1,81 @@
+"""`diff`'s replayed split of a step change into its causes (profclass/diff/split.py), on the
+corpus's gain pairs: one-change twins whose construction (fixtures/corpus.toml `[[gain_pair]]`,
+`change`) says which cost moved, independently of profclass."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import profile_path
+
+from profclass.diff import diff, render_markdown, render_text
+
+# (base, candidate, what construction says moved, the classes that stand for it)
+PAIRS = [
+    # NCCL through host memory -> NVLink: the collectives' transfers
+    ("mcore_ep4_slowfabric", "mcore_ep4_base", "communication", {"TP", "EP", "DP", "EDP", "ETP", "CP", "PP"}),
+    # micro-batch 1 -> 4 at the same tokens per step, launch-bound job: the host's work per step
+    ("mcore_ep2_small_mbs1", "mcore_ep2_small_mbs4", "host", {"host"}),
+    # full activation recompute -> none: the recognised change, replayed with its transform
+    ("mcore_rc_full_ample", "mcore_rc_none_ample", "recompute", {"recompute_off"}),
+    # aux-loss routing -> force-balanced routing, GPU-bound job: each rank's expert compute
+    ("mcore_gb_ep4_unbalanced", "mcore_gb_ep4_base", "compute", {"compute"}),
+    # gradient all-reduce after backward -> overlapped with it: the DP collectives
+    ("dpnooverlap_4gpu", "dpoverlap_4gpu", "communication", {"DP"}),
+    # the corpus's regression pairs ([[pair]]): twice the all-to-all volume; a host sync after
+    # every layer
+    ("comm_4gpu", "comm_4gpu_2xdispatch", "communication", {"EP"}),
+    ("compute_4gpu", "compute_4gpu_syncs", "host", {"host"}),
+]
+
+
+@pytest.mark.parametrize("base,cand,what,classes", PAIRS, ids=[f"{b}->{c}" for b, c, _, _ in PAIRS])
+def test_split_sums_to_the_change_and_names_the_constructed_cause(base, cand, what, classes, diagnosis):
+    r = diff(diagnosis(base), diagnosis(cand))
+    sp = r.step["split"]
+    assert sp["missing"] == [] and sp["parts"], sp["missing"]
+    # the parts plus what is not explained are the measured change, exactly (the step means')
+    measured = r.step["candidate_ms"] - r.step["base_ms"]
+    assert sp["measured_delta_ms"] == pytest.approx(measured, abs=2e-3)
+    total = sum(p["delta_ms"] for p in sp["parts"]) + sp["not_explained_ms"]
+    assert total == pytest.approx(sp["measured_delta_ms"], abs=1e-9)
+    assert sp["replayed_delta_ms"] == pytest.approx(sum(p["delta_ms"] for p in sp["parts"]), abs=1e-9)
+    # the largest part is the one change the twin made, in the step's direction
+    top = max(sp["parts"], key=lambda p: abs(p["delta_ms"]))
+    assert top["cls"] in classes, (what, sp["summary"])
+    assert top["delta_ms"] * measured > 0
+    assert sp["summary"].startswith(f"step change {measured:+.1f} ms:")
+    assert "Replayed causes: step change" in render_text(r) and "Replayed causes: step change" in render_markdown(r)
+
+
+def test_self_diff_splits_into_nothing(diagnosis):
+    """The candidate's costs are the base's: every replay is the base's, every part zero."""
+    d = diagnosis("mcore_ep4_base")
+    sp = diff(d, d).step["split"]
+    assert sp["parts"] and all(p["delta_ms"] == 0 and p["alone_ms"] == 0 for p in sp["parts"])
+    assert sp["not_explained_ms"] == 0
+    assert sp["evidence"]["only_in_candidate"]["names"] == 0
+
+
+def test_no_split_says_why(tmp_path, diagnosis):
+    """A stored diagnosis has no graph to replay; different GPU counts cannot take each other's
+    costs GPU by GPU: missing[] says so, and the reports say there is no split."""
+    stored = tmp_path / "base.json"
+    stored.write_text(diagnosis("mcore_ep4_base").to_json())
+    r = diff(str(stored), diagnosis("mcore_ep4_slowfabric"))
+    sp = r.step["split"]
+    assert sp["parts"] == [] and sp["summary"] is None and "base has no replay inputs" in sp["missing"][0]
+    assert "No replayed split of the step change" in render_text(r)
+    sp = diff(diagnosis("compute_1gpu"), diagnosis("compute_4gpu")).step["split"]
+    assert sp["parts"] == [] and "different GPU counts (1 vs 4)" in sp["missing"][0]
+
+
+def test_mismatched_inputs_keep_exit_code_2(tmp_path):
+    """Bad input stays one line and exit code 2 with the split in place."""
+    bad = tmp_path / "bad.sqlite"
+    bad.write_text("not a database")
+    p = subprocess.run([sys.executable, "-c", "from profclass.cli import main; main()", "diff",
+                        str(profile_path("mcore_ep4_base")), str(bad)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and str(bad) in p.stderr
