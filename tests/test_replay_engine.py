@@ -27,7 +27,7 @@ def _trace(ops: list[tuple], calls: list[tuple], events=(), threads=(), lo=0) ->
                 offload=np.zeros(n, bool), launch=o[:, 4], launch_lag=o[:, 5], stream_gap=o[:, 6]),
         calls=Calls(c_start=c[:, 0], c_dur=c[:, 1], c_tid=c[:, 2], c_kind=c[:, 3].astype(np.int8),
                     c_gap=c[:, 4], c_gc=np.zeros(m, np.int64), c_target=c[:, 5], c_wake=c[:, 6],
-                    c_recomputed=np.zeros(m, bool)),
+                    c_recomputed=np.zeros(m, bool), c_folded=np.zeros(m, np.int64)),
         edges=Edges(e_src=ev[:, 0], e_dst=ev[:, 1], e_lag=ev[:, 2], e_from_start=np.zeros(len(ev), bool), h_src=th[:, 0], h_dst=th[:, 1],
                     h_lag=th[:, 2]),
         edge_source="cuda events", measured_end=0, unexplained_ns=0)
@@ -61,6 +61,30 @@ def test_a_launch_bound_stream_follows_its_host():
     # calls at 0, 2, 4 us; ops: 4, max(6, 4+5+1)=10, max(8, 10+5+1)=16
     assert [int(out2.t[g.op_node[0][i]]) for i in range(3)] == [4 * US, 10 * US, 16 * US]
     assert out2.ends[0] == 21 * US
+
+
+def test_without_the_profiler_each_traced_call_costs_less_and_a_host_paced_step_follows():
+    from profclass.replay.constants import TRACED_CALL_NS
+    from profclass.replay.transforms import untraced
+    # the launch-bound stream above, the second launch with 4 calls folded into its gap (an
+    # event record, a stream wait ...): every call is cheaper, the GPU still waits for each
+    calls = [(0, 3 * US, 1, LAUNCH, 0, -1, 0), (20 * US, 3 * US, 1, LAUNCH, 17 * US, -1, 0),
+             (40 * US, 3 * US, 1, LAUNCH, 17 * US, -1, 0)]
+    ops = [(4 * US, 5 * US, 0, COMPUTE, 0, 4 * US, 0), (24 * US, 5 * US, 0, COMPUTE, 1, 4 * US, 1 * US),
+           (44 * US, 5 * US, 0, COMPUTE, 2, 4 * US, 1 * US)]
+    t = _trace(ops, calls)
+    t = GpuTrace(**{**vars(t), "calls": Calls(**{**vars(t.calls), "c_folded": np.array([0, 4, 0])})})
+    g, w, out = _times([t])
+    launch, other = TRACED_CALL_NS["launch"][1], TRACED_CALL_NS["other"][1]
+    w2 = untraced(t, w[0], 0.0)
+    # the first call has no CPU time before it: its own time pays
+    assert w2.c_dur.tolist() == [3 * US - launch, 3 * US, 3 * US]
+    assert w2.c_gap.tolist() == [0, 17 * US - launch - 4 * other, 17 * US - launch]
+    out2 = scenario.run(g, [w2])
+    assert out.ends[0] - out2.ends[0] == 3 * launch + 4 * other
+    # a call cheaper than what tracing adds to it costs nothing, never less
+    tiny = GpuTrace(**{**vars(t), "calls": Calls(**{**vars(t.calls), "c_dur": np.full(3, 500), "c_gap": np.zeros(3, np.int64)})})
+    assert untraced(tiny, scenario.captured(tiny), 0.0).c_dur.tolist() == [0, 0, 0]
 
 
 def test_an_event_wait_holds_the_other_stream_and_a_dropped_op_releases_it():

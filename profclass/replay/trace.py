@@ -68,6 +68,7 @@ class Calls:
     c_target: np.ndarray  # op a blocking call waited for, -1: it did not wait
     c_wake: np.ndarray  # ns from that op's end to the call's return
     c_recomputed: np.ndarray  # bool: host work of the recomputed forward
+    c_folded: np.ndarray  # API calls folded into c_gap (each one a traced call the profiler slowed)
 
 
 @dataclass(frozen=True)
@@ -311,11 +312,12 @@ def _call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, h
     # calls that neither launch, block nor allocate are CPU time like any other: folded into
     # the gap before the next kept call of their thread (a third of the graph's host nodes)
     keep = (kind == LAUNCH) | (kind == ALLOC) | (target >= 0) | calls["closing"].to_numpy(bool)
-    gap, gc, sel, remap = _fold(keep, gap, gc, ce - cs, same)
+    gap, gc, folded, sel, remap = _fold(keep, gap, gc, ce - cs, same)
     gap, h = _thread_waits(cs[sel], ce[sel], tid[sel], gap[sel])
     return dict(c_start=cs[sel], c_dur=dur[sel].astype(np.int64), c_tid=tid[sel], c_kind=kind[sel],
                 c_gap=gap, c_gc=gc[sel], c_target=target[sel].astype(np.int64),
-                c_wake=wake[sel].astype(np.int64), c_recomputed=rec_calls[sel], remap=remap, **h)
+                c_wake=wake[sel].astype(np.int64), c_recomputed=rec_calls[sel], c_folded=folded[sel],
+                remap=remap, **h)
 
 
 def _call_kinds(names, launch, m) -> np.ndarray:
@@ -366,11 +368,11 @@ def _recomputed_calls(cs, ce, launch, recomputed) -> np.ndarray:
 
 
 def _fold(keep, gap, gc, own, same):
-    """(gap, gc, kept rows, old row -> kept row) with each dropped call's time and the CPU
-    time before it added to the gap before the next kept call of its thread."""
+    """(gap, gc, folded calls, kept rows, old row -> kept row) with each dropped call's time
+    and the CPU time before it added to the gap before the next kept call of its thread."""
     m = len(keep)
     if not m or keep.all():
-        return gap, gc, np.arange(m), np.arange(m)
+        return gap, gc, np.zeros(m, np.int64), np.arange(m), np.arange(m)
     kept = np.flatnonzero(keep)
     start = ~same
     start[0] = True
@@ -381,14 +383,15 @@ def _fold(keep, gap, gc, own, same):
     q_before = np.where(kept > 0, q[np.clip(kept - 1, 0, None)], -1)
     q_before = np.where(start[kept], kept - 1, np.maximum(q_before, -1))
     out = []
-    for vals, base in ((np.where(keep, 0, gap + own), gap), (np.where(keep, 0, gc), gc)):
+    for vals, base in ((np.where(keep, 0, gap + own), gap), (np.where(keep, 0, gc), gc),
+                       ((~keep).astype(np.int64), np.zeros(m, np.int64))):
         run = np.concatenate([[0], np.cumsum(vals)])  # run[i]: the sum of rows < i
         added = base.copy()
         added[kept] += run[kept] - run[q_before + 1]
         out.append(added)
     remap = np.full(m, -1, np.int64)
     remap[kept] = np.arange(len(kept))
-    return out[0], out[1], kept, remap
+    return out[0], out[1], out[2], kept, remap
 
 
 def _thread_waits(cs, ce, tid, gap):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import overlap
+from .constants import TRACED_CALL_NS
 from .scenario import Weights, drop_calls, drop_ops
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
 
@@ -53,6 +54,20 @@ def without_wall(wall: str, t: GpuTrace, w: Weights) -> Weights:
         w = drop_ops(t, w, t.ops.recomputed | t.ops.offload)
         return drop_calls(t, w, t.calls.c_recomputed | (t.calls.c_kind == ALLOC))
     raise ValueError(wall)
+
+
+def untraced(t: GpuTrace, w: Weights, profiler_ns_per_step: float, point: int = 1) -> Weights:
+    """The GPU's weights without the profiler: the host time the profiler's op ranges add, out
+    of the CPU time between calls (in proportion to it: the ranges wrap the ops those calls
+    launch), and what CUDA tracing adds to every traced API call (``TRACED_CALL_NS[kind][point]``,
+    the calls folded into the gap included), out of the CPU time before the call, then the call."""
+    total = float(w.c_gap.sum())
+    cut = min(float(profiler_ns_per_step) * t.iterations, total)
+    gap = (w.c_gap * (1.0 - cut / total if total > 0 else 1.0)).astype(np.int64)
+    own = np.where(t.calls.c_kind == LAUNCH, TRACED_CALL_NS["launch"][point], TRACED_CALL_NS["other"][point])
+    traced = own + t.calls.c_folded * TRACED_CALL_NS["other"][point]
+    from_gap = np.minimum(traced, gap)
+    return replace(w, c_gap=gap - from_gap, c_dur=np.maximum(w.c_dur - (traced - from_gap), 0))
 
 
 @dataclass(frozen=True)
