@@ -28,6 +28,7 @@ from .analyzers.idle import ALLOC_CALLS, SYNC_CALLS
 from .analyzers import iterations as it
 from .clocks import shift_timeline
 from .errors import ProfileError
+from .analyzers.layout_infer import nccl_alltoall_peers
 from .kernel_table import gpu_kernel_agg
 from .load import load_by_process
 from .replay.trace import GpuTrace
@@ -80,6 +81,7 @@ class GpuSummary:
     compute: iv.IntervalSet  # compute kernels over the whole capture
     kernel_agg: pd.DataFrame  # per (full_name, op) in the window: count, ns (see kernel_table)
     kernels_total: int = 0  # kernels in the whole capture (layout_infer: one program or two)
+    alltoall_peers: int | None = None  # torch's all-to-all group size from NCCL's NVTX (layout_infer)
     # (starts, ends) of the host's waits for this GPU in the window (idle.host_waits)
     host_waits: tuple = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     # (starts, ends) of the GEMM-free stretches before its step boundaries (iterations.boundary_gaps)
@@ -205,6 +207,7 @@ def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines
         ops=comm.reset_index(drop=True),
         compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
         kernel_agg=gpu_kernel_agg(g.ops, g.window), kernels_total=int(is_kernel.sum()), step=step,
+        alltoall_peers=nccl_alltoall_peers(g.nvtx),
         host_waits=idle.host_waits(g), boundary_gaps=it.boundary_gaps(g),
         replay_trace=replay_trace(g, prof.sync_events),
         timeline=g if keep_timelines else None)

@@ -488,11 +488,11 @@ def test_kernel_table_kind_follows_the_group(name):
 
 # captures whose timeline cannot show every size, each with the reason the report gives
 # (sizes there are null, never wrong): rank 0 alone of a 4-rank Megatron-Bridge job. Its
-# export holds no other rank's kernels (no partner to match), no world size but the launch
-# environment's WORLD_SIZE (ignored with the command line), and NCCL's NVTX ranges (ncclSend,
-# ncclAllGather...) without payloads (no communicator size or peer)
-TIMELINE_GAPS = {"mcore_bridge_pp2_ep2_emitnvtx": ("tp", "pp", "ep", "dp", "vpp", "microbatches"),
-                 "mcore_bridge_pp2_ep2": ("tp", "pp", "ep", "dp", "vpp", "microbatches")}
+# export holds no other rank's kernels (no partner to match) and no world size but the launch
+# environment's WORLD_SIZE (ignored with the command line); NCCL's NVTX ranges give EP alone
+# (torch's all-to-all sends to every member of its group), nothing gives TP, PP or DP
+TIMELINE_GAPS = {"mcore_bridge_pp2_ep2_emitnvtx": ("tp", "pp", "dp", "vpp", "microbatches"),
+                 "mcore_bridge_pp2_ep2": ("tp", "pp", "dp", "vpp", "microbatches")}
 SIZE_KEYS = ("tp", "pp", "ep", "dp", "vpp", "microbatches")
 MULTI = [n for n, par in PARALLEL.items() if profile_path(n).suffix != ".nsys-rep"]
 
@@ -522,16 +522,38 @@ def test_layout_from_the_timeline_alone_matches_construction(name, monkeypatch):
 def test_one_rank_of_four_says_why_its_layout_is_unknown(monkeypatch):
     """Rank 0 alone of a 4-rank job, the command line (and its WORLD_SIZE) ignored: its
     collectives have peers, so the world is not its one GPU; nothing in the export names
-    them, so TP, PP, EP, DP and the world are null with the reason, and the 4 forward passes a
-    step (PP 2 x 4 micro-batches? VPP 2 x 2?) are not split without PP."""
+    them, so TP, PP, DP and the world are null with the reason, and the 4 forward passes a
+    step (4 micro-batches? VPP 2 x 2?) are not split without PP. EP is the group of torch's
+    all-to-all, from NCCL's NVTX ranges (2 ncclSend in each of its 288 groups)."""
     from profclass import diagnose
     monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
     d = diagnose(str(profile_path("mcore_bridge_pp2_ep2")))
     assert d.layout["world"] is None
-    for k in ("tp", "pp", "ep", "dp"):
+    assert d.layout["sizes"]["ep"] == 2 and d.layout["source"]["ep"] == "inferred"
+    for k in ("tp", "pp", "dp"):
         assert d.layout["source"][k].startswith("not determined: one rank in the profile"), k
     assert d.layout["source"]["microbatches"] == \
         "not determined: 4 forward passes per step (VPP x micro-batches), and PP unknown"
+
+
+def test_alltoall_group_from_nccl_nvtx():
+    """torch's all-to-all: ncclCommCount, then one group with a send and a receive per member;
+    a nested pipeline p2p group (one send) and a scatter (sends only) do not count; the
+    deepest count over the capture is the group's size; per thread."""
+    import pandas as pd
+
+    from profclass.analyzers.layout_infer import nccl_alltoall_peers
+
+    def ranges(*threads):
+        rows = [(tid, i, t) for tid, seq in threads for i, t in enumerate(seq)]
+        return pd.DataFrame(rows, columns=["tid", "start", "text"]).assign(end=lambda d: d["start"])
+    a2a = lambda n: ["ncclCommCount", "ncclGroupStart"] + ["ncclSend", "ncclRecv"] * n + ["ncclGroupEnd"]  # noqa: E731
+    p2p = ["ncclGroupStart", "ncclGroupStart", "ncclSend", "ncclRecv", "ncclGroupEnd", "ncclGroupEnd"]
+    scatter = ["ncclCommCount", "ncclGroupStart"] + ["ncclSend"] * 8 + ["ncclGroupEnd"]
+    assert nccl_alltoall_peers(ranges((1, p2p + a2a(3) + a2a(4) + scatter))) == 4
+    assert nccl_alltoall_peers(ranges((1, p2p + scatter), (2, ["ncclAllReduce"]))) is None
+    assert nccl_alltoall_peers(ranges((1, ["ncclCommCount"]), (2, a2a(2)))) == 2
+    assert nccl_alltoall_peers(pd.DataFrame(columns=["tid", "start", "text"])) is None
 
 
 def test_pp_from_the_stage_stride():

@@ -57,6 +57,43 @@ PER_LAYER_TYPES = ("all_reduce", "all_gather", "reduce_scatter")
 MOE_ROUTER = re.compile(r"topk", re.I)
 
 
+# NCCL's own NVTX ranges (its NVTX domain), read for torch's all-to-all (nccl_alltoall_peers)
+NCCL_NVTX = ("ncclGroupStart", "ncclGroupEnd", "ncclSend", "ncclRecv", "ncclCommCount")
+
+
+def nccl_alltoall_peers(nvtx) -> int | None:
+    """The communicator size of torch's all-to-all on this process, from NCCL's NVTX ranges.
+
+    torch (``all2all_single_equal_split`` / ``_unequal_split``) asks ``ncclCommCount`` for the
+    communicator's size, then in one ``ncclGroupStart``..``ncclGroupEnd`` sends to and receives
+    from every member (itself included; a member with nothing to exchange may be skipped). So a
+    group opened right after ``ncclCommCount`` with as many ``ncclSend`` as ``ncclRecv`` ranges
+    holds at most one per member; the most over the capture is the group size (EP for the MoE
+    dispatcher's all-to-all). Pipeline p2p groups (one send) and gather/scatter (sends and
+    receives unequal) do not count. None without NCCL's ranges or such a group of 2 or more."""
+    if nvtx is None or nvtx.empty or "text" not in nvtx:
+        return None
+    n = nvtx.loc[nvtx["text"].isin(NCCL_NVTX), ["tid", "start", "text"]].sort_values(["tid", "start"], kind="stable")
+    if n.empty:
+        return None
+    text, tid = n["text"].to_numpy().astype(str), n["tid"].to_numpy()
+    delta = (text == "ncclGroupStart").astype(np.int64) - (text == "ncclGroupEnd")
+    new_tid = np.r_[True, tid[1:] != tid[:-1]]
+    # depth after each event, per thread (the cumulative sum restarted at each thread's first)
+    total = np.cumsum(delta)
+    first = np.maximum.accumulate(np.where(new_tid, np.arange(len(text)), 0))
+    depth = total - (total - delta)[first]
+    opens = (text == "ncclGroupStart") & (depth == 1)
+    after_count = opens & ~new_tid & np.r_[False, text[:-1] == "ncclCommCount"]
+    group = np.cumsum(opens)
+    inside = depth > 0
+    sends = np.bincount(group[inside & (text == "ncclSend")], minlength=group[-1] + 1)
+    recvs = np.bincount(group[inside & (text == "ncclRecv")], minlength=group[-1] + 1)
+    ok = group[after_count]
+    ok = ok[(sends[ok] == recvs[ok]) & (sends[ok] >= 2)]
+    return int(sends[ok].max()) if ok.size else None
+
+
 def end_gap(own_end: np.ndarray, peer_ends: np.ndarray) -> np.ndarray:
     """For each own end, the distance to the nearest of the sorted ``peer_ends`` (inf when the
     peer has none)."""
@@ -220,10 +257,11 @@ def pp_size(edges: set, world: int | None) -> tuple[int | None, str | None]:
 
 
 def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=None, gemms=None,
-          moe_router: bool = False) -> None:
+          moe_router: bool = False, alltoall_peers=None) -> None:
     """Fill TP, PP and EP (and what they force) from the traffic, where no command line said
     them. ``program_shape``: each GPU's kernels per SendRecv kernel over the capture; ``windows`` and ``gemms``: each GPU's steady window and its GEMM kernels there (the
-    per-layer test); ``moe_router``: routing kernels seen (a MoE job)."""
+    per-layer test); ``moe_router``: routing kernels seen (a MoE job); ``alltoall_peers``: each
+    GPU's ``nccl_alltoall_peers`` (EP where one rank is all the profile holds)."""
     per_layer = per_layer_types(kernels, windows, gemms) if windows is not None and gemms is not None else None
     if per_layer is not None:  # for the group guess when no layout is known
         layout.per_layer = set().union(*per_layer)
@@ -232,10 +270,13 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
         return
     if len(kernels) == 1 and layout.world_from_gpus and len(kernels[0]):
         # one GPU whose collectives have peers: the job is bigger than the profile, by how much
-        # nothing in it says (NCCL's NVTX ranges, where captured, carry no communicator size)
+        # nothing in it says; NCCL's NVTX ranges, where captured, give the all-to-all's group
         layout.world = None
-        _undetermined(layout, ("tp", "cp", "pp", "ep", "dp"), "one rank in the profile, its collectives' peers "
-                                                             "outside it: no partner to match, no world size")
+        ep = (alltoall_peers or [None])[0]
+        _undetermined(layout, ("tp", "cp", "pp", "dp") + (() if ep else ("ep",)),
+                      "one rank in the profile, its collectives' peers outside it: no partner to match, no world size")
+        if ep:
+            layout.sizes["ep"], layout.source["ep"] = ep, "inferred"
     if len(kernels) < 2:
         return
     shape = dict(zip(ranks, program_shape))

@@ -28,7 +28,8 @@ def job_layout(profiles, gpus) -> layout.Layout:
     gemms = [int(a.loc[a["is_gemm"].astype(bool), "count"].sum()) if a is not None else 0 for a in aggs]
     moe_router = any(a is not None and a["full_name"].str.contains(layout_infer.MOE_ROUTER).any() for a in aggs)
     layout_infer.infer(lay, comm, [g.rank for g in gpus], shape,
-                       windows=[g.window for g in gpus], gemms=gemms, moe_router=moe_router)
+                       windows=[g.window for g in gpus], gemms=gemms, moe_router=moe_router,
+                       alltoall_peers=[getattr(g, "alltoall_peers", None) for g in gpus])
     layout_infer.infer_passes(lay, [g.rank for g in gpus], [g.analysis.memory.forward_passes for g in gpus],
                               [g.analysis.memory.warmup_forwards for g in gpus])
     return lay
