@@ -163,10 +163,10 @@ def _cost_rows(r: Replayer, weights: list, gpu_of: np.ndarray) -> pd.DataFrame:
 
 
 def _phases(base: pd.DataFrame, cand: pd.DataFrame) -> None:
-    """Where every GPU runs as many EP all-to-alls in both windows, an op's key includes its
-    phase (how many all-to-alls came before it on its GPU): the k-th all-to-all on both sides
-    is the same point of the same program, so routing that loaded other ranks in a phase moves
-    with it; else no phases."""
+    """Where every GPU runs as many EP all-to-alls in both windows, a compute kernel's or an EP
+    collective's key includes its phase (how many all-to-alls came before it on its GPU): the
+    k-th all-to-all on both sides is the same point of the same program, so routing that loaded
+    other ranks in a phase moves with it; else no phases."""
     counts = []
     for rows in (base, cand):
         a2a = (rows["cls"] == "EP") & (rows["name"] == "all_to_all")
@@ -174,9 +174,10 @@ def _phases(base: pd.DataFrame, cand: pd.DataFrame) -> None:
         counts.append(a2a.groupby(rows["gpu"]).sum())
     if not counts[0].equals(counts[1]) or not counts[0].any():
         base["phase"], cand["phase"] = -1, -1
-    else:  # the calls' rows belong to no phase
+    else:  # only compute and the EP collectives follow the routing: a collective of another
+        # group that moved between phases (overlapped with the backward) is the same cost
         for rows in (base, cand):
-            rows.loc[rows["name"].str.startswith(CALLS), "phase"] = -1
+            rows.loc[~rows["cls"].isin(["compute", "EP"]) | rows["name"].str.startswith(CALLS), "phase"] = -1
 
 
 def _classes(rows: pd.DataFrame) -> list[str]:
