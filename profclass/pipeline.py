@@ -279,7 +279,8 @@ def _replay_inputs(job: Job, gpus) -> replay_run.ReplayInputs:
         comm_kernels=tuple(job.comm.kernels), members=tuple(job.comm.members), ranks=tuple(g.rank for g in gpus),
         step_ns=tuple(r.analysis.window.window_ns / r.iterations for r in job.records),
         profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records),
-        microbatches=job.layout.size("microbatches") if job.layout else None)
+        microbatches=job.layout.size("microbatches") if job.layout else None,
+        pipeline=job.pipeline)
 
 
 def _config(profiles, all_ops, records, lay) -> dict:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..classify import WALLS
-from . import collectives, engine, scenario, transforms
+from . import collectives, engine, pipeline_schedule, scenario, transforms
 from .engine import CALL, COMM_END, E_ARRIVE, E_EVENT, E_LAUNCH, E_SYNC, E_XFER, OP, RET
 from .trace import GpuTrace
 
@@ -28,6 +28,7 @@ class ReplayInputs:
     step_ns: tuple  # per GPU: the measured steady step
     profiler_ns_per_step: tuple  # per GPU: host time the profiler's op ranges add (profiler analyzer)
     microbatches: int | None = None  # per step (the layout's), None where unknown
+    pipeline: object = None  # the pipeline analyzer's PipelineResult (stages, sizes, per-stage times)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class Replayer:
         _, _, _, own = scenario.node_costs(self.graph, self.captured)
         self.measured_end = _ends(self.graph, self.graph.meas, own, len(self.traces))
         self.base = self.replay(self.captured)
+        # the pipeline schedule's inputs: PP fixes change the schedule, not the graph's weights
+        self.stages, self.no_schedule = pipeline_schedule.from_job(self.traces, self.groups, inp.ranks,
+                                                                   inp.pipeline, inp.step_ns)
 
     def replay(self, weights) -> scenario.Outcome:
         return scenario.run(self.graph, weights)
@@ -209,6 +213,8 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         largest_removal=largest, graph=_graph_facts(r, its))
     if largest != verdict_wall and without[largest] < without.get(verdict_wall, measured) - 0.01 * measured:
         section["note"] = _disagreement(verdict_wall, largest, without, measured)
+    if r.stages is not None:  # the schedule simulation's fidelity (PP fixes are priced on it)
+        section["pipeline_schedule"] = pipeline_schedule.fidelity(r.stages)
     # fixes are priced and planned on the step without the profiler: the gain is banked in the
     # job that runs without it, where the host's calls cost less (docs/replay.md)
     prices = _price(r, chosen + [_requested(i) for i in also if i not in {f["id"] for f in chosen}], table,
@@ -258,6 +264,16 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_ms: 
             spec = {**spec, **{k: v for k, v in f["change"].items() if k in spec}}
         if not spec:
             continue
+        if spec["kind"] == pipeline_schedule.KIND:
+            gains = pipeline_schedule.gains_ms(spec, r.stages) if r.stages is not None else None
+            if gains:
+                prices[f.get("request", f["id"])] = FixPrice(
+                    f["id"], round(min(gains.values()), 2), round(gains["best"], 2), round(max(gains.values()), 2),
+                    f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
+                    f"per-micro-batch work, rest and exchange cost ({_describe(spec)}), against the schedule "
+                    f"simulated at the captured (p, v, m); from the traced capture (the schedule's inputs keep "
+                    f"the profiler's host cost)")
+            continue
         gains = {}
         for point in transforms.POINTS:
             w = transforms.apply(spec, point, r.traces, start, r.ctx)
@@ -281,7 +297,8 @@ def _describe(spec: dict) -> str:
 def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dict]:
     """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from
     ``start``: (weights, replayed step ms) of the step without the profiler."""
-    left = [f for f in chosen if f["id"] in prices and prices[f["id"]].best_ms > 0]
+    left = [f for f in chosen if f["id"] in prices and prices[f["id"]].best_ms > 0
+            and table[f["id"]]["transform"]["kind"] != pipeline_schedule.KIND]
     weights, now = start
     plan = []
     while left and len(plan) < PLAN_STEPS:
@@ -303,7 +320,42 @@ def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dic
                          wall_after=max(cp, key=lambda k: (cp[k], -WALLS.index(k)))))
         weights, now = w, after
         left = [x for x in left if x is not f]
-    return plan
+    if plan:
+        wall = plan[-1]["wall_after"]
+    else:
+        cp = r.critical_path_ms(r.base, r.captured)
+        wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
+    return plan + _schedule_steps(r, chosen, table, prices, step, measured, now, len(plan), wall)
+
+
+def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, done, wall) -> list[dict]:
+    """Schedule changes (PP fixes) after the graph's steps, each applied as a step delta: the
+    schedule simulated with it on top of the schedule changes before it (so two changes that
+    shrink the same bubble do not both claim it), against the schedule without it. The
+    simulation does not see the graph's fixes before it: its delta is added to theirs, capped
+    at the step that is left; the wall after is the graph's (the change is not replayed on it)."""
+    out, applied = [], []
+    left = [table[f["id"]]["transform"] for f in chosen if f["id"] in prices
+            and table[f["id"]].get("transform", {}).get("kind") == pipeline_schedule.KIND]
+    ids = {id(table[f["id"]]["transform"]): f["id"] for f in chosen if f["id"] in prices}
+    while left and done + len(out) < PLAN_STEPS:
+        before = pipeline_schedule.combined_ms(applied, r.stages)
+        trial = [(before - after, spec) for spec in left
+                 if (after := pipeline_schedule.combined_ms(applied + [spec], r.stages)) is not None]
+        if not trial:
+            break
+        gain, spec = max(trial, key=lambda t: t[0])
+        gain = min(gain, now)
+        if gain < PLAN_MIN_GAIN_SHARE * step:
+            break
+        now -= gain
+        applied.append(spec)
+        left = [x for x in left if x is not spec]
+        out.append(dict(id=ids[id(spec)], gain_ms=round(gain, 2), step_ms_after=round(now - step + measured, 2),
+                        wall_after=wall, applied_as="step delta: the pipeline schedule simulated with this change on "
+                                                    "top of the plan's schedule changes before it, added to the "
+                                                    "graph's steps"))
+    return out
 
 
 def _missing(r: Replayer) -> list[str]:
@@ -311,6 +363,8 @@ def _missing(r: Replayer) -> list[str]:
     if r.lone:
         out.append(f"replay: {r.lone} collective kernels replayed with their captured time (PP send/recv, "
                    "or peers outside the profile): their waiting moves with this rank, not with the peers")
+    if r.no_schedule:
+        out.append(f"replay: pipeline schedule not simulated: {r.no_schedule}; the PP fixes keep their share models")
     if any(t.edge_source == "timing" for t in r.traces):
         out.append("replay: no CUDA event tables in the export: cross-stream waits are not in the graph")
     return out

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import overlap
+from . import pipeline_schedule
 from .constants import TRACED_CALL_NS
 from .scenario import Weights, drop_calls, drop_ops
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
@@ -91,6 +92,8 @@ def apply(spec: dict, point: str, traces: list[GpuTrace], weights: list[Weights]
           ctx: Context) -> list[Weights] | None:
     """Every GPU's weights after the fix ``spec`` (its ``transform`` table); None when the
     profile has nothing the transform acts on."""
+    if spec["kind"] == pipeline_schedule.KIND:  # a schedule change: no graph weights (run._price simulates it)
+        return None
     return _KINDS[spec["kind"]](spec, point, traces, weights, ctx)
 
 
@@ -284,4 +287,5 @@ _KINDS = {"scale": _scale, "drop_recomputed": _drop_recomputed, "cuda_graphs": _
           "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
           "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "fewer_launches": _fewer_launches,
           "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx)}
-KINDS = tuple(_KINDS)
+# the PP schedule changes are priced by the schedule simulation, not on the graph's weights
+KINDS = tuple(_KINDS) + (pipeline_schedule.KIND,)

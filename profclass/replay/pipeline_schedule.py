@@ -1,0 +1,271 @@
+"""Pipeline-schedule replay: Megatron-Core's 1F1B and interleaved schedules simulated from each
+stage's measured per-micro-batch work, prices the pipeline fixes (more micro-batches, VPP, stage
+balance) that the graph replay cannot: a schedule change changes the graph itself.
+
+The op order is Megatron-Core's (megatron/core/pipeline_parallel/schedules.py, 0.19):
+``forward_backward_pipelining_without_interleaving`` runs min(p - r - 1, m) warm-up forwards on
+stage r, then one forward and one backward per step, then the remaining backwards;
+``forward_backward_pipelining_with_interleaving`` runs (p - r - 1) * 2 + (v - 1) * g warm-up
+chunk-forwards (g = microbatch_group_size_per_vp_stage, p by default; capped at m v), the
+chunks of a micro-batch group in ``get_schedule_table``'s order, backwards in the same order
+with the chunk reversed.
+
+What the simulation takes from the capture (``measure``), per stage (mean over its ranks):
+
+- U, its per-micro-batch work: the stage's busy time (compute and non-PP collectives) and its
+  idle time (host gaps) per step, less its once-per-step rest, over m. Idle inside a forward or
+  backward is host pacing of that work: it stays with it;
+- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data): the step's
+  stretch without PP send/recv, between the last exchange of one step and the first of the next
+  (on the first stage that stretch also holds one backward and one forward slot);
+- x, the cost of one exchange: the PP send/recv kernel's floor (its 10th-percentile duration:
+  the transfer when the peer is ready) plus the host's time from an exchange's end to the next
+  compute kernel (a quantile of the measured gaps: ``exchange_quantile``).
+
+A forward slot of chunk c lasts F / v + x, a backward B / v + x, F + B = U - 2 x (the base's
+exchanges come out of U, so the base's own work is kept whatever x is), B = ``FB_RATIO`` F
+(backward ~2x a forward's FLOPs; a recomputed forward is inside the backward). A slot starts
+when its stage is free and its input is there: the forward of chunk c on stage s after the
+same chunk's forward on s - 1 (chunk c - 1 on the last stage for s = 0), the backward after
+the next stage's (chunk c + 1 on the first stage from the last), each plus x. The step is the
+longest of the stages' spans plus their rest (each stage starts its next step after its rest).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .trace import COMM, GpuTrace
+
+FLOOR_QUANTILE = 0.10  # the PP kernel's floor: the transfer when the peer is ready (as trace.TYPICAL_QUANTILE)
+FB_RATIO = 2.0  # a backward's time over its forward's: twice the FLOPs (input and weight gradients)
+
+
+def order(p: int, v: int, m: int, rank: int, group: int | None = None) -> list[tuple[bool, int, int]]:
+    """Stage ``rank``'s slots in Megatron-Core's order: (is backward, model chunk, micro-batch)."""
+    g = p if group is None else group
+    if v == 1:
+        warm = min(p - rank - 1, m)
+        fwd = [(False, 0, i) for i in range(m)]
+        bwd = [(True, 0, i) for i in range(m)]
+    else:
+        table = []
+        for lo in range(0, m, g):
+            hi = m if lo + g >= m else lo + g
+            table += [(mb, c) for c in range(v) for mb in range(lo, hi)]
+        warm = min((p - rank - 1) * 2 + (v - 1) * g, m * v)
+        fwd = [(False, c, mb) for mb, c in table]
+        bwd = [(True, v - 1 - c, mb) for mb, c in table]
+    out = fwd[:warm]
+    for k in range(len(fwd) - warm):
+        out += [fwd[warm + k], bwd[k]]
+    return out + bwd[len(fwd) - warm:]
+
+
+def _input(s: int, slot: tuple[bool, int, int], p: int, v: int):
+    """The slot whose output this slot waits for (on another stage), or None."""
+    back, c, mb = slot
+    if not back:
+        if s > 0:
+            return s - 1, (False, c, mb)
+        return (p - 1, (False, c - 1, mb)) if c > 0 else None
+    if s < p - 1:
+        return s + 1, (True, c, mb)
+    return (0, (True, c + 1, mb)) if c < v - 1 else None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    start: np.ndarray  # per stage: its first slot's start
+    end: np.ndarray  # per stage: its last slot's end
+    busy: np.ndarray  # per stage: its slots' time
+
+
+def simulate(p: int, v: int, m: int, f_slot, b_slot, x: float, group: int | None = None) -> Schedule:
+    """Event simulation of one step's schedule: ``f_slot`` / ``b_slot`` per stage, the time of
+    one chunk's forward / backward (its exchange included); ``x`` the lag of a slot's input
+    behind its producer's end."""
+    orders = [order(p, v, m, s, group) for s in range(p)]
+    done: dict = {}
+    pos, free = [0] * p, [0.0] * p
+    start, busy = np.full(p, np.nan), np.zeros(p)
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                slot = orders[s][pos[s]]
+                dep = _input(s, slot, p, v)
+                if dep is not None and dep not in done:
+                    break
+                t0 = max(free[s], done[dep] + x if dep is not None else 0.0)
+                dur = b_slot[s] if slot[0] else f_slot[s]
+                done[(s, slot)] = free[s] = t0 + dur
+                start[s] = t0 if np.isnan(start[s]) else start[s]
+                busy[s] += dur
+                pos[s] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise ValueError(f"schedule deadlock at p={p}, v={v}, m={m}")
+    return Schedule(start=start, end=np.array(free), busy=busy)
+
+
+@dataclass(frozen=True)
+class Stages:
+    """A pipelined job's measured schedule inputs, per stage (ns per step or per micro-batch)."""
+
+    p: int
+    v: int
+    m: int
+    work: np.ndarray  # U: per micro-batch, all chunks, the base's exchanges included
+    rest: np.ndarray  # R: once per step
+    floor: float  # the PP kernel's floor duration
+    gaps: np.ndarray  # host time from a PP exchange's end to the next compute kernel (all stages)
+    measured_step: float  # the job's measured step (mean over GPUs)
+
+
+def step_ns(st: Stages, v: int, m: int, x: float, work=None) -> float:
+    """The simulated step at (v, m) with exchange cost ``x``."""
+    u = st.work if work is None else work
+    fb = np.clip(u - 2 * st.v * x, 0, None)  # the base's forward and backward work, its exchanges out
+    f = fb / (1 + FB_RATIO)
+    sch = simulate(st.p, v, m, f / v + x, FB_RATIO * f / v + x, x)
+    # the stages meet at the step's PP-group all-reduce (embedding and gradient-norm sync) after
+    # the last backward anywhere; each then runs its rest, and a stage's next step starts its
+    # first slot no earlier than that
+    return float(np.max(sch.end) + np.max(st.rest - sch.start))
+
+
+def exchange_cost(st: Stages, q: float) -> float:
+    return st.floor + (float(np.quantile(st.gaps, q)) if len(st.gaps) else 0.0)
+
+
+def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: int, v: int, m: int,
+            busy_idle_ns: list[float], step_ns: list[float]) -> Stages | None:
+    """Per stage U and R (mean over its ranks), the exchange's floor and the host gaps after
+    exchanges. ``pp_ops``: per GPU, its PP send/recv ops (trace indices); ``busy_idle_ns``: per
+    GPU, its busy plus idle time per step (the pipeline analyzer's, no PP blocking in it)."""
+    if not p or p < 2 or not m or any(s is None for s in stage):
+        return None
+    work, rest = np.zeros(p), np.zeros(p)
+    n = np.zeros(p)
+    floors, gaps = [], []
+    for t, pp, s, bi in zip(traces, pp_ops, stage, busy_idle_ns):
+        if len(pp) < 2 or t.iterations < 1:
+            return None
+        r_gap = _rest_gap(t, pp)
+        if s == 0:  # its rest stretch also holds the next step's first forward slot
+            u = (bi - r_gap) / (m - 1.0 / (v * (1 + FB_RATIO)))
+            r = r_gap - u / (v * (1 + FB_RATIO))
+        else:
+            r = r_gap
+            u = (bi - r) / m
+        work[s] += u
+        rest[s] += r
+        n[s] += 1
+        floors.append(t.ops.dur[pp])
+        gaps.append(_gaps_after(t, pp))
+    if (n == 0).any():
+        return None
+    return Stages(p=p, v=v, m=m, work=work / n, rest=np.clip(rest / n, 0, None),
+                  floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
+                  gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)))
+
+
+def _rest_gap(t: GpuTrace, pp: np.ndarray) -> float:
+    """ns per step with no PP exchange: the window's head and tail (it starts and ends at a
+    step's start) and the iterations - 1 longest stretches between consecutive exchanges."""
+    s = t.ops.start[pp]
+    e = s + t.ops.dur[pp]
+    between = np.sort(s[1:] - np.maximum.accumulate(e)[:-1])[::-1]
+    inner = between[:t.iterations - 1].clip(0).sum()
+    return float((s[0] - t.lo) + max(t.hi - e.max(), 0) + inner) / t.iterations
+
+
+def _gaps_after(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
+    """Per exchange: from its end to the next compute kernel's start on the GPU (ns)."""
+    comp = np.flatnonzero(t.ops.kind != COMM)
+    cs = t.ops.start[comp]
+    e = t.ops.start[pp] + t.ops.dur[pp]
+    at = np.searchsorted(cs, e)
+    ok = at < len(cs)
+    return (cs[at[ok]] - e[ok]).astype(np.float64)
+
+
+KIND = "pp_schedule"  # the transform kind of data/fixes.toml that this module prices
+POINTS = ("low", "best", "high")
+
+
+def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns) -> tuple[Stages | None, str]:
+    """The job's schedule inputs from the replay's traces (``keyed``: each GPU's comm ops with
+    their group, ``collectives._keyed``) and the pipeline analyzer's result; (None, why) where
+    the job is not pipelined or a size is unknown."""
+    if pipeline is None or not pipeline.stages or pipeline.stages < 2:
+        return None, ""
+    if not pipeline.microbatches:
+        return None, "the micro-batch count is unknown (no flag, not inferred from the timeline)"
+    rows = {r["rank"]: r for r in (pipeline.per_stage or [])}
+    if any(r not in rows for r in ranks):
+        return None, "a GPU's pipeline stage is unknown"
+    stage = [rows[r]["stage"] for r in ranks]
+    if set(stage) != set(range(pipeline.stages)):
+        return None, "not every pipeline stage is in the profile"
+    # every PP-group op: send/recv, and the step's PP all-reduce (embedding, gradient norm) that
+    # ends the schedule on every stage
+    pp = [np.sort(kd["op"][kd["group"] == "PP"]) for kd in keyed]
+    st = measure(traces, pp, stage, pipeline.stages,
+                 pipeline.virtual_stages or 1, pipeline.microbatches,
+                 [(rows[r]["busy_ms"] + rows[r]["idle_ms"]) * 1e6 for r in ranks], list(step_ns))
+    return st, "" if st is not None else "a stage has fewer than two PP exchanges in its window"
+
+
+def _pick(param, point: str) -> float:
+    return float(param[POINTS.index(point)]) if isinstance(param, (list, tuple)) else float(param)
+
+
+def _sizes(specs: list[dict], st: Stages) -> tuple[int, int, np.ndarray | None]:
+    """(v, m, work per stage or None) after the schedule changes ``specs``."""
+    v, m = st.v, st.m
+    for spec in specs:
+        v, m = v * int(spec.get("vpp", 1)), m * int(spec.get("microbatches", 1))
+    balanced = any(spec.get("balance") for spec in specs)
+    return v, m, (np.full(st.p, float(np.mean(st.work))) if balanced else None)
+
+
+def combined_ms(specs: list[dict], st: Stages, q: float = 0.5) -> float | None:
+    """The simulated step (ms, per the base's samples) after the schedule changes ``specs``
+    together, the exchange at the ``q`` quantile of the gaps (the plan's: the median, the
+    table's best point); None where Megatron would not run them."""
+    v, m, work = _sizes(specs, st)
+    if v > 1 and m < st.p:
+        return None
+    return step_ns(st, v, m, exchange_cost(st, q), work=work) * st.m / m / 1e6
+
+
+def gains_ms(spec: dict, st: Stages) -> dict | None:
+    """ms per step the fix ``spec`` saves at each point, against the schedule simulated at the
+    captured (p, v, m); a micro-batch change is compared per the base's samples (the new step
+    times m / m'). None where Megatron would not run the change (interleaving needs m >= p)."""
+    v, m, work = _sizes([spec], st)
+    if v > 1 and m < st.p:
+        return None
+    out = {}
+    for point in POINTS:
+        x = exchange_cost(st, _pick(spec.get("exchange_quantile", 0.5), point))
+        base = step_ns(st, st.v, st.m, x)
+        new = step_ns(st, v, m, x, work=work) * st.m / m
+        out[point] = (base - new) / 1e6
+    return out
+
+
+def fidelity(st: Stages) -> dict:
+    """The simulated step at the captured (p, v, m) against the measured one."""
+    sim = step_ns(st, st.v, st.m, exchange_cost(st, 0.5)) / 1e6
+    meas = st.measured_step / 1e6
+    return dict(p=st.p, v=st.v, m=st.m, simulated_step_ms=round(sim, 3), measured_step_ms=round(meas, 3),
+                error_pct=round(100.0 * (sim - meas) / meas, 2) if meas else None,
+                work_ms_per_microbatch=[round(float(u) / 1e6, 3) for u in st.work],
+                rest_ms=[round(float(r) / 1e6, 3) for r in st.rest],
+                exchange_ms=round(exchange_cost(st, 0.5) / 1e6, 3))

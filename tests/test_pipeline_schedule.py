@@ -1,0 +1,93 @@
+"""The pipeline-schedule replay (profclass/replay/pipeline_schedule.py): Megatron-Core's op
+order, hand-worked schedules, fidelity on the PP captures, and a PP fix priced by it."""
+from __future__ import annotations
+
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+
+from profclass.replay import pipeline_schedule as ps
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("replay_fidelity", ROOT / "fixtures" / "replay_fidelity.py")
+fidelity = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fidelity)
+
+
+def test_1f1b_order_is_megatrons():
+    """forward_backward_pipelining_without_interleaving: min(p - r - 1, m) warm-up forwards,
+    then one forward and one backward a step, then the remaining backwards."""
+    F, B = (lambda i: (False, 0, i)), (lambda i: (True, 0, i))
+    assert ps.order(2, 1, 2, 0) == [F(0), F(1), B(0), B(1)]
+    assert ps.order(2, 1, 2, 1) == [F(0), B(0), F(1), B(1)]
+    assert ps.order(4, 1, 2, 0) == [F(0), F(1), B(0), B(1)]  # warm-up capped at m
+    assert ps.order(4, 1, 8, 1)[:4] == [F(0), F(1), F(2), B(0)]
+
+
+def test_interleaved_order_is_megatrons():
+    """forward_backward_pipelining_with_interleaving (p=2, v=2, m=4, rank 0): warm-up
+    (p - r - 1) * 2 + (v - 1) * p = 4 chunk-forwards in get_schedule_table's order (groups of p
+    micro-batches, chunk by chunk), backwards in the same order with the chunk reversed."""
+    F, B = (lambda c, i: (False, c, i)), (lambda c, i: (True, c, i))
+    assert ps.order(2, 2, 4, 0) == [F(0, 0), F(0, 1), F(1, 0), F(1, 1),
+                                    F(0, 2), B(1, 0), F(0, 3), B(1, 1), F(1, 2), B(0, 0), F(1, 3), B(0, 1),
+                                    B(1, 2), B(1, 3), B(0, 2), B(0, 3)]
+    assert len(ps.order(4, 2, 4, 3)) == 2 * 2 * 4
+    assert ps.order(4, 2, 4, 0)[:8] == [F(c, i) for c in (0, 1) for i in range(4)]  # all warm-up: min(10, 8)
+
+
+def test_p2_m2_by_hand():
+    """Forward 1, backward 2, no exchange cost. Stage 0: F0 [0,1], F1 [1,2], B0 after stage 1's
+    B0 [2,4]: [4,6], B1 after stage 1's B1: stage 1 runs F0 [1,2], B0 [2,4], F1 [4,5], B1 [5,7],
+    so stage 0's B1 is [7,9]."""
+    s = ps.simulate(2, 1, 2, [1, 1], [2, 2], 0)
+    assert list(s.start) == [0, 1] and list(s.end) == [9, 7] and list(s.busy) == [6, 6]
+
+
+@pytest.mark.parametrize("p,v,m,f,b", [(4, 1, 8, 1, 2), (4, 2, 4, 1, 1), (4, 2, 8, 1, 2), (2, 2, 4, 1, 2), (8, 1, 16, 1, 2)])
+def test_balanced_stages_give_the_known_bubble(p, v, m, f, b):
+    """Balanced stages, no exchange cost: the step is (v m + p - 1) chunk slots, the bubble
+    (p - 1) / (v m + p - 1) of it (Narayanan et al. 2021)."""
+    s = ps.simulate(p, v, m, [f] * p, [b] * p, 0)
+    step = float(s.end.max())
+    assert step == pytest.approx((v * m + p - 1) * (f + b))
+    assert 1 - s.busy[0] / step == pytest.approx((p - 1) / (v * m + p - 1))
+
+
+def test_exchange_cost_and_a_slow_stage_lengthen_the_step():
+    base = ps.simulate(4, 1, 8, [1] * 4, [2] * 4, 0).end.max()
+    assert ps.simulate(4, 1, 8, [1] * 4, [2] * 4, 0.1).end.max() > base
+    slow = ps.simulate(4, 1, 8, [1, 1, 1.5, 1], [2, 2, 3, 2], 0).end.max()
+    assert slow >= 8 * 4.5  # the slow stage's m slots bound the step
+
+
+def test_schedule_fidelity_on_the_pp_captures():
+    """Every pipelined capture's schedule, simulated at its captured (p, v, m) from its measured
+    inputs, against its measured step (the snapshots; docs/replay.md's table is this one)."""
+    rows = fidelity.schedule_rows()
+    assert len(rows) >= 15
+    assert statistics.median(abs(r["error_pct"]) for _, r in rows) <= fidelity.SCHEDULE_TOL_PCT, rows
+    assert fidelity.schedule_table(rows) in (ROOT / "docs" / "replay.md").read_text(), \
+        "docs/replay.md is out of date: python fixtures/replay_fidelity.py"
+
+
+@pytest.mark.xfail(strict=True, reason="8 of 15 pipelined captures within 5%: the host-bound captures with "
+                   "m = p or interleaving run 5-17% longer than the simulation (docs/replay.md, 'What it "
+                   "cannot see': exchanges taken as dataflow)")
+def test_every_schedule_within_target():
+    assert all(abs(r["error_pct"]) <= fidelity.SCHEDULE_TOL_PCT for _, r in fidelity.schedule_rows())
+
+
+def test_a_pp_fix_is_priced_by_the_schedule(diagnosis):
+    """mcore_gb_pp4_m4: more micro-batches priced by the schedule simulation (per the base's
+    samples), inside its range and below the step; the plan applies it as a step delta."""
+    d = diagnosis("mcore_gb_pp4_m4")
+    fix = next(f for f in d.fixes if f["id"] == "pp_microbatches")
+    assert fix["gain_model"] == "replay:pp_schedule"
+    step = d.window["step_ms"]["mean"]
+    assert 0 < fix["gain_low_ms"] <= fix["expected_gain_ms"] <= fix["gain_high_ms"] < step
+    rows = [p for p in d.plan if p["id"] == "pp_microbatches"]
+    assert rows and rows[0]["applied_as"].startswith("step delta")
+    assert sum(p["gain_ms"] for p in d.plan) <= step
