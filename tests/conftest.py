@@ -35,6 +35,10 @@ GC_WINDOW = pytest.mark.xfail(strict=True, reason=(
     "gc_cand_1gpu: the steady window keeps 2 steps (22.5 ms) of the captured iterations 6..10, not "
     "the one holding the manual collection (310 ms), so neither its mean nor its median is the "
     "timer's 103.1 ms over 6..9"))
+GC2_WINDOW = pytest.mark.xfail(strict=True, reason=(
+    "gc2_base_1gpu: the steady window keeps 2 steps (19.4, 21.1 ms) of the captured iterations 6..9 "
+    "and leaves out iteration 8's generation-2 collection (322 ms), so the window's step is not the "
+    "timer's 113.1 ms"))
 
 
 def with_marks(names, marks: dict) -> list:

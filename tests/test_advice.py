@@ -11,14 +11,14 @@ import profclass
 from profclass.fixes import predict_by_id
 from profclass.pitfalls import load_rules
 from profclass.replay.run import PLAN_MIN_GAIN_SHARE
-from tests.conftest import GC_WINDOW, PROFILES, with_marks
+from tests.conftest import GC2_WINDOW, GC_WINDOW, PROFILES, with_marks
 from tests.nsys_builder import NsysExportBuilder
 
 # what each fix's gain is bounded by, as a measured job-level number in the evidence/numbers
 RUN_RULES = [r["id"] for r in load_rules() if r.get("scope", "run") == "run"]
 
 
-@pytest.mark.parametrize("name", with_marks(sorted(PROFILES), {"gc_cand_1gpu": GC_WINDOW}))  # % of a short window
+@pytest.mark.parametrize("name", with_marks(sorted(PROFILES), {"gc_cand_1gpu": GC_WINDOW, "gc2_base_1gpu": GC2_WINDOW}))  # % of a short window
 def test_fixes_ranked_by_estimate_and_the_verdicts_fix_leads_unless_outpriced(name, diagnosis):
     """The ranking rule: the largest best estimate first (unpriced fixes last); a runner-up
     wall's fix may lead only with an estimate strictly above every fix of the verdict's wall."""

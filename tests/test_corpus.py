@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, GC_WINDOW, PROFILES, profile_path, with_marks
+from conftest import CORPUS, GC2_WINDOW, GC_WINDOW, PROFILES, profile_path, with_marks
 from profclass.inputs import resolve
 from profclass.load import load
 
@@ -36,9 +36,10 @@ def test_profile_opens_and_holds_kernels(name, request):
     with resolve([str(f) for f in files]) as inputs:
         for f in inputs:
             prof = load(f.sqlite)
-            # a few hundred: the GEMM-heavy and GC pair bases run ~70 large kernels a step; under
-            # nsys's default graph-level CUDA-graph trace one row per graph replay (10 captured)
-            assert len(prof.kernels) > (10 if name in GRAPH_LEVEL_TRACED else 300), f.given
+            # a few hundred: the GEMM-heavy and GC pair bases run ~70-90 large kernels a step (3
+            # captured steps: 268 on fp82_base_1gpu); under nsys's default graph-level CUDA-graph
+            # trace one row per graph replay (10 captured)
+            assert len(prof.kernels) > (10 if name in GRAPH_LEVEL_TRACED else 200), f.given
             assert prof.nsys_version.startswith("2024.2.3"), f.given
             assert (prof.kernels["end"] >= prof.kernels["start"]).all()
             gpus_in_file = prof.kernels.groupby(["pid", "device"]).ngroups
@@ -164,7 +165,7 @@ def expected_window_source(profile: dict) -> str:
     return "nvtx"
 
 
-@pytest.mark.parametrize("name", with_marks(NAMES, {"gc_cand_1gpu": GC_WINDOW}))
+@pytest.mark.parametrize("name", with_marks(NAMES, {"gc_cand_1gpu": GC_WINDOW, "gc2_base_1gpu": GC2_WINDOW}))
 def test_window_source(name, diagnosis):
     d = diagnosis(name)
     want = expected_window_source(PROFILES[name])
