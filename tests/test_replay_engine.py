@@ -44,14 +44,16 @@ def _op_start(g, out, gpu, op):
     return int(out.t[g.op_node[gpu][op]])
 
 
+def _launch_bound(call_ns: int) -> GpuTrace:
+    """Three 5 us kernels launched 20 us apart (each call ``call_ns``, the rest of the 20 us CPU
+    time between calls), 4 us launch latency: the GPU waits for each launch."""
+    calls = [(20 * US * i, call_ns, 1, LAUNCH, 0 if i == 0 else 20 * US - call_ns, -1, 0) for i in range(3)]
+    ops = [(20 * US * i + 4 * US, 5 * US, 0, COMPUTE, i, 4 * US, 0 if i == 0 else 1 * US) for i in range(3)]
+    return _trace(ops, calls)
+
+
 def test_a_launch_bound_stream_follows_its_host():
-    # three 5 us kernels launched 20 us apart (call 2 us + 18 us of CPU between calls), 4 us
-    # launch latency: the GPU waits for each launch
-    calls = [(0, 2 * US, 1, LAUNCH, 0, -1, 0), (20 * US, 2 * US, 1, LAUNCH, 18 * US, -1, 0),
-             (40 * US, 2 * US, 1, LAUNCH, 18 * US, -1, 0)]
-    ops = [(4 * US, 5 * US, 0, COMPUTE, 0, 4 * US, 0), (24 * US, 5 * US, 0, COMPUTE, 1, 4 * US, 1 * US),
-           (44 * US, 5 * US, 0, COMPUTE, 2, 4 * US, 1 * US)]
-    t = _trace(ops, calls)
+    t = _launch_bound(2 * US)
     g, w, out = _times([t])
     assert [_op_start(g, out, 0, i) for i in range(3)] == [4 * US, 24 * US, 44 * US]
     assert out.ends[0] == 49 * US
@@ -68,11 +70,7 @@ def test_without_the_profiler_each_traced_call_costs_less_and_a_host_paced_step_
     from profclass.replay.transforms import untraced
     # the launch-bound stream above, the second launch with 4 calls folded into its gap (an
     # event record, a stream wait ...): every call is cheaper, the GPU still waits for each
-    calls = [(0, 3 * US, 1, LAUNCH, 0, -1, 0), (20 * US, 3 * US, 1, LAUNCH, 17 * US, -1, 0),
-             (40 * US, 3 * US, 1, LAUNCH, 17 * US, -1, 0)]
-    ops = [(4 * US, 5 * US, 0, COMPUTE, 0, 4 * US, 0), (24 * US, 5 * US, 0, COMPUTE, 1, 4 * US, 1 * US),
-           (44 * US, 5 * US, 0, COMPUTE, 2, 4 * US, 1 * US)]
-    t = _trace(ops, calls)
+    t = _launch_bound(3 * US)
     t = GpuTrace(**{**vars(t), "calls": Calls(**{**vars(t.calls), "c_folded": np.array([0, 4, 0])})})
     g, w, out = _times([t])
     launch, other = TRACED_CALL_NS["launch"][1], TRACED_CALL_NS["other"][1]
