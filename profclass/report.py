@@ -78,7 +78,8 @@ def _replay_text(d: Diagnosis, con: Console) -> None:
     for line in replay_lines(d):
         con.print(line)
     if d.plan:
-        con.print("[bold]Fix plan[/bold] (each fix replayed on top of the ones before it):")
+        con.print("[bold]Fix plan[/bold] (each fix replayed on top of the ones before it, from the step "
+                  "without the profiler):")
         for i, step in enumerate(plan_steps(d), 1):
             con.print(f"{i}. {step}")
 
@@ -122,7 +123,8 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
         lines += ["", f"Top {len(t)} kernels by GPU time per steady step, mean over {len(d.devices)} GPU(s)."]
     lines += [x for line in replay_lines(d) for x in ("", line)]
     if d.plan:
-        lines += ["", "### Fix plan (each fix replayed on top of the ones before it)", ""]
+        lines += ["", "### Fix plan (each fix replayed on top of the ones before it, from the step without the "
+                  "profiler)", ""]
         lines += [f"{i}. {md_cell(step)}" for i, step in enumerate(plan_steps(d), 1)]
     if d.fixes:
         lines += ["", "### Fixes (predicted gain: best estimate and range)", ""]

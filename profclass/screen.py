@@ -73,8 +73,9 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
     if lay:
         blocks.append(("layout", [x for line in lay for x in wrap(line)]))
     if getattr(d, "plan", None):
-        blocks.append(("fix plan", wrap(f"Fix plan (each fix replayed on top of the ones before it, from a "
-                                        f"{d.window['step_ms']['mean']:.1f} ms step):")
+        start = (d.replay or {}).get("untraced_step_ms") or d.window["step_ms"]["mean"]
+        blocks.append(("fix plan", wrap(f"Fix plan (each fix replayed on top of the ones before it, from the "
+                                        f"{start:.1f} ms step without the profiler):")
                        + [x for i, step in enumerate(plan_steps(d), 1) for x in wrap(f"{i}. {step}", "   ")]))
     for i, f in enumerate(d.fixes[:TOP_FIXES], 1):
         head = wrap(f"{i}. [{f['wall']}] {f['title']} ({gain_text(f)})", "   ")
