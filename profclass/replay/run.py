@@ -83,10 +83,6 @@ class Replayer:
                for s, e, m, t in zip(self.inp.step_ns, out.ends, self.measured_end, self.traces)]
         return float(np.mean(per))
 
-    def delta_ms(self, out: scenario.Outcome) -> float:
-        """Replayed step change against the replay of the captured weights (its own error cancels)."""
-        return self.step_ms(out) - self.step_ms(self.base)
-
     def critical_path_ms(self, out: scenario.Outcome, weights) -> dict:
         return _critical_path(self, out, weights)
 
@@ -320,12 +316,8 @@ def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dic
                          wall_after=max(cp, key=lambda k: (cp[k], -WALLS.index(k)))))
         weights, now = w, after
         left = [x for x in left if x is not f]
-    if plan:
-        wall = plan[-1]["wall_after"]
-    else:
-        cp = r.critical_path_ms(r.base, r.captured)
-        wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
-    return plan + _schedule_steps(r, chosen, table, prices, step, measured, now, len(plan), wall)
+    return plan + _schedule_steps(r, chosen, table, prices, step, measured, now, len(plan),
+                                  plan[-1]["wall_after"] if plan else None)
 
 
 def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, done, wall) -> list[dict]:
@@ -337,6 +329,11 @@ def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, don
     out, applied = [], []
     left = [table[f["id"]]["transform"] for f in chosen if f["id"] in prices
             and table[f["id"]].get("transform", {}).get("kind") == pipeline_schedule.KIND]
+    if not left:
+        return []
+    if wall is None:  # no graph step before: the wall after is the captured step's
+        cp = r.critical_path_ms(r.base, r.captured)
+        wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
     ids = {id(table[f["id"]]["transform"]): f["id"] for f in chosen if f["id"] in prices}
     while left and done + len(out) < PLAN_STEPS:
         before = pipeline_schedule.combined_ms(applied, r.stages)
