@@ -127,23 +127,13 @@ def _configuration(r: Replayer, applied: list[dict], table: dict) -> tuple[list,
     return weights, parts
 
 
-def _transfers(r: Replayer) -> list[np.ndarray]:
-    """Per GPU, per op: a matched collective's transfer (ns), -1 for every other op."""
-    out = [np.full(t.n_ops, -1, np.int64) for t in r.traces]
-    m = r.graph.members
-    for gi in range(len(r.traces)):
-        mine = m.gpu == gi
-        out[gi][m.op[mine]] = m.transfer[mine]
-    return out
-
-
 def _cost_rows(r: Replayer, weights: list, gpu_of: np.ndarray) -> pd.DataFrame:
     """Every cost the classes scale: one row per op (its class, key name, ns) and two per GPU
     for its calls (host time, allocator time), with the window's iterations. A collective's key
     is its collective type (all_reduce, all_to_all), so a bucketed all-reduce is the same key
     in other kernels. ``gpu_of``: the base GPU each stands for."""
     frames = []
-    for gi, (t, w, xfer, kd) in enumerate(zip(r.traces, weights, _transfers(r), r.groups)):
+    for gi, (t, w, xfer, kd) in enumerate(zip(r.traces, weights, r.transfer, r.groups)):
         names = np.asarray(t.names + ("",), object)[np.where(t.ops.name >= 0, t.ops.name, len(t.names))]
         cls = np.where(t.ops.kind == COMPUTE, "compute", MEMORY).astype(object)
         group, coll = np.full(t.n_ops, "", object), np.full(t.n_ops, "", object)
@@ -214,7 +204,7 @@ def _factors(base: pd.DataFrame, cand: pd.DataFrame, classes: list[str]) -> dict
 def _scaled(r: Replayer, weights: list, factor: np.ndarray) -> list:
     """The weights with one class's factors applied (``factor`` in ``_cost_rows``'s order)."""
     out, at = [], 0
-    for t, w, xfer in zip(r.traces, weights, _transfers(r)):
+    for t, w, xfer in zip(r.traces, weights, r.transfer):
         f = factor[at:at + t.n_ops]
         fh, fa = factor[at + t.n_ops], factor[at + t.n_ops + 1]
         at += t.n_ops + 2

@@ -62,9 +62,11 @@ class Replayer:
         detach = tuple(transforms.detachable(t, g, c) for t, g, c in zip(self.traces, op_groups, op_colls))
         self.graph = engine.build_graph(self.traces, insts, list(detach))
         self.captured = [scenario.captured(t) for t in self.traces]
+        # per GPU, per op: a matched collective's captured transfer (ns), -1 for every other op
+        self.transfer = tuple(_transfers(self.graph, self.traces))
         self.ctx = transforms.Context(
             op_groups=op_groups, ep_segments=tuple(collectives.segments(self.traces, insts, "EP")),
-            op_colls=op_colls, detachable=detach, transfer=tuple(_transfers(self.graph, self.traces)),
+            op_colls=op_colls, detachable=detach, transfer=tuple(np.maximum(x, 0) for x in self.transfer),
             microbatches=inp.microbatches, graph=self.graph, replay=self.replay)
         _, _, _, own = scenario.node_costs(self.graph, self.captured)
         self.measured_end = _ends(self.graph, self.graph.meas, own, len(self.traces))
@@ -94,8 +96,8 @@ def _op_groups(t: GpuTrace, kd: dict, key: str) -> np.ndarray:
 
 
 def _transfers(g, traces) -> list[np.ndarray]:
-    """Per GPU, per op: a matched collective's captured transfer (0 for every other op)."""
-    out = [np.zeros(t.n_ops, np.int64) for t in traces]
+    """Per GPU, per op: a matched collective's captured transfer (-1 for every other op)."""
+    out = [np.full(t.n_ops, -1, np.int64) for t in traces]
     m = g.members
     for gi, tr in enumerate(out):
         mine = m.gpu == gi
