@@ -91,3 +91,30 @@ def test_a_pp_fix_is_priced_by_the_schedule(diagnosis):
     rows = [p for p in d.plan if p["id"] == "pp_microbatches"]
     assert rows and rows[0]["applied_as"].startswith("step delta")
     assert sum(p["gain_ms"] for p in d.plan) <= step
+
+
+def _uniform(p: int, m: int, u: float, rest: float = 0.0) -> ps.Stages:
+    import numpy as np
+    return ps.Stages(p=p, v=1, m=m, work=np.full(p, u), rest=np.full(p, rest), floor=0.0,
+                     gaps=np.zeros(1), measured_step=0.0, gpu_stage=tuple(range(p)))
+
+
+@pytest.mark.parametrize("p,m,k", [(4, 8, 2), (2, 8, 2), (4, 16, 4)])
+def test_a_larger_microbatch_with_no_host_saving_loses_the_bubble_it_adds(p, m, k):
+    """k times larger micro-batches, m / k of them, the same work per step and no host time
+    saved: the step grows by the bubble, (p - 1) x the new micro-batch's work minus the old's."""
+    import numpy as np
+    u = 3e6  # ns of work per captured micro-batch
+    loss = ps.bigger_microbatch_ms(_uniform(p, m, u), k, np.zeros(p))
+    assert loss == pytest.approx(-(p - 1) * (k - 1) * u / 1e6)
+
+
+def test_a_larger_microbatch_banks_its_host_saving_less_the_bubble():
+    """With a host saving of s per step on every stage (no rest), the new micro-batch's work is
+    k (u - s / m): the step falls by s and grows by the bubble of the new work."""
+    import numpy as np
+    p, m, k, u, s = 4, 8, 2, 3e6, 8e6
+    gain = ps.bigger_microbatch_ms(_uniform(p, m, u), k, np.full(p, s))
+    new_u = k * (u - s / m)
+    assert gain == pytest.approx(((m + p - 1) * u - (m / k + p - 1) * new_u) / 1e6)
+    assert ps.bigger_microbatch_ms(_uniform(p, 3, u), 2, np.zeros(p)) is None  # 3 / 2 micro-batches

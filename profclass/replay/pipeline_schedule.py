@@ -32,7 +32,7 @@ longest of the stages' spans plus their rest (each stage starts its next step af
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -124,6 +124,7 @@ class Stages:
     floor: float  # the PP kernel's floor duration
     gaps: np.ndarray  # host time from a PP exchange's end to the next compute kernel (all stages)
     measured_step: float  # the job's measured step (mean over GPUs)
+    gpu_stage: tuple = ()  # per GPU of the replay: its stage
 
 
 def step_ns(st: Stages, v: int, m: int, x: float, work=None) -> float:
@@ -171,7 +172,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
         return None
     return Stages(p=p, v=v, m=m, work=work / n, rest=np.clip(rest / n, 0, None),
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
-                  gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)))
+                  gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage))
 
 
 def _rest_gap(t: GpuTrace, pp: np.ndarray) -> float:
@@ -225,39 +226,74 @@ def _pick(param, point: str) -> float:
     return float(param[POINTS.index(point)]) if isinstance(param, (list, tuple)) else float(param)
 
 
-def _sizes(specs: list[dict], st: Stages) -> tuple[int, int, np.ndarray | None]:
-    """(v, m, work per stage or None) after the schedule changes ``specs``."""
-    v, m = st.v, st.m
+def _sizes(specs: list[dict], st: Stages) -> tuple[int, float, np.ndarray | None, float]:
+    """(v, m, work per stage or None, samples per step over the base's) after the schedule
+    changes ``specs``; a larger micro-batch (``fewer_launches``) divides m and multiplies each
+    micro-batch's work (its host saving is not in the simulation's inputs: the plan prices it
+    on its own), the same samples per step."""
+    v, m, samples, scale = st.v, float(st.m), 1.0, 1.0
     for spec in specs:
+        if spec.get("kind") == "fewer_launches":
+            k = float(spec.get("microbatch_factor", 2))
+            m, scale = m / k, scale * k
+            continue
         v, m = v * int(spec.get("vpp", 1)), m * int(spec.get("microbatches", 1))
+        samples *= int(spec.get("microbatches", 1))
     balanced = any(spec.get("balance") for spec in specs)
-    return v, m, (np.full(st.p, float(np.mean(st.work))) if balanced else None)
+    work = np.full(st.p, float(np.mean(st.work))) if balanced else st.work
+    return v, m, (work * scale if balanced or scale != 1.0 else None), samples
 
 
 def combined_ms(specs: list[dict], st: Stages, q: float = 0.5) -> float | None:
     """The simulated step (ms, per the base's samples) after the schedule changes ``specs``
     together, the exchange at the ``q`` quantile of the gaps (the plan's: the median, the
     table's best point); None where Megatron would not run them."""
-    v, m, work = _sizes(specs, st)
-    if v > 1 and m < st.p:
+    v, m, work, samples = _sizes(specs, st)
+    if m < 1 or m != int(m) or (v > 1 and m < st.p):
         return None
-    return step_ns(st, v, m, exchange_cost(st, q), work=work) * st.m / m / 1e6
+    return step_ns(st, v, int(m), exchange_cost(st, q), work=work) / samples / 1e6
 
 
 def gains_ms(spec: dict, st: Stages) -> dict | None:
     """ms per step the fix ``spec`` saves at each point, against the schedule simulated at the
     captured (p, v, m); a micro-batch change is compared per the base's samples (the new step
     times m / m'). None where Megatron would not run the change (interleaving needs m >= p)."""
-    v, m, work = _sizes([spec], st)
+    v, m, work, samples = _sizes([spec], st)
     if v > 1 and m < st.p:
         return None
     out = {}
     for point in POINTS:
         x = exchange_cost(st, _pick(spec.get("exchange_quantile", 0.5), point))
         base = step_ns(st, st.v, st.m, x)
-        new = step_ns(st, v, m, x, work=work) * st.m / m
+        new = step_ns(st, v, int(m), x, work=work) / samples
         out[point] = (base - new) / 1e6
     return out
+
+
+def bigger_microbatch_ms(st: Stages, k: float, saved_ns: np.ndarray, q: float = 0.5) -> float | None:
+    """ms per step a k times larger micro-batch (m / k micro-batches, the same samples per step)
+    saves on a pipelined job: the schedule simulated with m / k micro-batches, each k times a
+    captured one's work less its share of ``saved_ns`` (per stage, ns per step: the host time
+    the graph replay says the larger launches save), against the schedule at the captured m. The
+    bubble grows with fewer micro-batches ((p - 1) / m of the step), which the graph replay
+    keeps frozen in the captured PP waits. An exchange carries k times the activations: its
+    floor (the transfer) scales by k, the host's gap after it does not. None where m / k is not
+    a whole count or Megatron would not run it (interleaving needs m >= p)."""
+    m2 = st.m / k
+    if m2 < 1 or abs(m2 - round(m2)) > 1e-9 or (st.v > 1 and round(m2) < st.p):
+        return None
+    m2 = int(round(m2))
+    gap = float(np.quantile(st.gaps, q)) if len(st.gaps) else 0.0
+    x, x2 = st.floor + gap, st.floor * k + gap
+    # the saving is the graph's over the stage's whole step: the micro-batches' work and the
+    # once-per-step rest each lose their share of it (by their time)
+    saved = np.asarray(saved_ns, float)
+    share = st.m * st.work / np.maximum(st.m * st.work + st.rest, 1)
+    fb = np.clip(st.work - 2 * st.v * x, 0, None) - share * saved / st.m
+    work2 = k * np.clip(fb, 0, None) + 2 * st.v * x2  # k micro-batches' work in one, its exchanges re-added
+    rest2 = np.clip(st.rest - (1 - share) * saved, 0, None)
+    new = step_ns(replace(st, rest=rest2), st.v, m2, x2, work=work2)
+    return (step_ns(st, st.v, st.m, x) - new) / 1e6
 
 
 def fidelity(st: Stages) -> dict:

@@ -216,7 +216,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     # fixes are priced and planned on the step without the profiler: the gain is banked in the
     # job that runs without it, where the host's calls cost less (docs/replay.md)
     prices = _price(r, chosen + [_requested(i) for i in also if i not in {f["id"] for f in chosen}], table,
-                    start, r.step_ms(untraced))
+                    start, untraced)
     plan = _plan(r, chosen, table, prices, (start, r.step_ms(untraced)), step, measured)
     if also:  # asked for by id (the gain-pair tables): only then in the section
         section["requested"] = {i: vars(p) for i, p in prices.items() if i in also}
@@ -252,10 +252,11 @@ def _requested(item: str) -> dict:
     return {"id": fid, "request": item, "change": {k: float(v) for k, v in change.items()}}
 
 
-def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_ms: float) -> dict:
-    """Each fix's gain: the step from ``start`` (weights) replayed with the fix's transform at
-    its low, best and high parameters, against ``start_ms``."""
+def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out: scenario.Outcome) -> dict:
+    """Each fix's gain: the step from ``start`` (weights, replayed as ``start_out``) replayed
+    with the fix's transform at its low, best and high parameters, against it."""
     prices = {}
+    start_ms = r.step_ms(start_out)
     for f in chosen:
         spec = table.get(f["id"], {}).get("transform")
         if spec and f.get("change"):
@@ -273,19 +274,48 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_ms: 
                     f"the profiler's host cost)")
             continue
         gains = {}
+        rescheduled = spec["kind"] == "fewer_launches" and r.stages is not None
         for point in transforms.POINTS:
             w = transforms.apply(spec, point, r.traces, start, r.ctx)
             if w is None:
                 break
-            gains[point] = start_ms - r.step_ms(r.replay(w))
+            out = r.replay(w)
+            if rescheduled:  # fewer micro-batches: the pipeline's bubble grows (the schedule's, not the graph's)
+                gains[point] = _rescheduled_ms(r, spec, start_out, out)
+                if gains[point] is None:
+                    break
+            else:
+                gains[point] = start_ms - r.step_ms(out)
         if len(gains) < 3:
             continue
         lo, hi = min(gains.values()), max(gains.values())
-        prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
-                                   f"replay:{spec['kind']}: the captured step replayed with the fix's transform "
-                                   f"({_describe(spec) or 'no parameter'}), against the step replayed as captured, both "
-                                   f"without the profiler's cost")
+        basis = (f"replay:{spec['kind']}: the captured step replayed with the fix's transform "
+                 f"({_describe(spec) or 'no parameter'}), against the step replayed as captured, both "
+                 f"without the profiler's cost")
+        if rescheduled:
+            basis += ("; on this pipelined job each stage's host time saved per step is fed to Megatron-Core's "
+                      "schedule simulated with micro_batch_factor times fewer, larger micro-batches (the bubble "
+                      "grows), against the schedule at the captured count")
+        prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2), basis)
     return prices
+
+
+def _rescheduled_on(r: Replayer, spec: dict, weights) -> float | None:
+    w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
+    return None if w is None else _rescheduled_ms(r, spec, r.replay(weights), r.replay(w))
+
+
+def _rescheduled_ms(r: Replayer, spec: dict, start_out: scenario.Outcome, out: scenario.Outcome) -> float | None:
+    """A larger micro-batch on a pipelined job: the graph replay's host time saved per step,
+    per stage (mean of its GPUs), priced by the schedule with m / k micro-batches."""
+    st = r.stages
+    saved = np.zeros(st.p)
+    n = np.zeros(st.p)
+    for gi, (t, s) in enumerate(zip(r.traces, st.gpu_stage)):
+        saved[s] += (start_out.ends[gi] - out.ends[gi]) / max(t.iterations, 1)
+        n[s] += 1
+    return pipeline_schedule.bigger_microbatch_ms(st, float(spec.get("microbatch_factor", 2.0)),
+                                                  saved / np.maximum(n, 1))
 
 
 def _describe(spec: dict) -> str:
@@ -296,7 +326,7 @@ def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dic
     """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from
     ``start``: (weights, replayed step ms) of the step without the profiler."""
     left = [f for f in chosen if f["id"] in prices and prices[f["id"]].best_ms > 0
-            and table[f["id"]]["transform"]["kind"] != pipeline_schedule.KIND]
+            and not _reschedules(r, table[f["id"]]["transform"])]
     weights, now = start
     plan = []
     while left and len(plan) < PLAN_STEPS:
@@ -319,10 +349,10 @@ def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dic
         weights, now = w, after
         left = [x for x in left if x is not f]
     return plan + _schedule_steps(r, chosen, table, prices, step, measured, now, len(plan),
-                                  plan[-1]["wall_after"] if plan else None)
+                                  plan[-1]["wall_after"] if plan else None, weights)
 
 
-def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, done, wall) -> list[dict]:
+def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, done, wall, weights) -> list[dict]:
     """Schedule changes (PP fixes) after the graph's steps, each applied as a step delta: the
     schedule simulated with it on top of the schedule changes before it (so two changes that
     shrink the same bubble do not both claim it), against the schedule without it. The
@@ -330,7 +360,7 @@ def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, don
     at the step that is left; the wall after is the graph's (the change is not replayed on it)."""
     out, applied = [], []
     left = [table[f["id"]]["transform"] for f in chosen if f["id"] in prices
-            and table[f["id"]].get("transform", {}).get("kind") == pipeline_schedule.KIND]
+            and _reschedules(r, table[f["id"]].get("transform", {}))]
     if not left:
         return []
     if wall is None:  # no graph step before: the wall after is the captured step's
@@ -339,8 +369,14 @@ def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, don
     ids = {id(table[f["id"]]["transform"]): f["id"] for f in chosen if f["id"] in prices}
     while left and done + len(out) < PLAN_STEPS:
         before = pipeline_schedule.combined_ms(applied, r.stages)
-        trial = [(before - after, spec) for spec in left
-                 if (after := pipeline_schedule.combined_ms(applied + [spec], r.stages)) is not None]
+        trial = [(before - after, spec) for spec in left if spec["kind"] == pipeline_schedule.KIND
+                 and (after := pipeline_schedule.combined_ms(applied + [spec], r.stages)) is not None]
+        # a larger micro-batch (fewer of them): its host saving replayed on top of the graph's steps
+        # (``weights``), priced by the schedule at m / k; the changes after it are simulated on its
+        # m / k micro-batches (without its saving, which the simulation's inputs do not hold)
+        trial += [(g, spec) for spec in left if spec["kind"] != pipeline_schedule.KIND
+                  and pipeline_schedule.combined_ms(applied + [spec], r.stages) is not None
+                  and (g := _rescheduled_on(r, spec, weights)) is not None]
         if not trial:
             break
         gain, spec = max(trial, key=lambda t: t[0])
@@ -349,12 +385,29 @@ def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, don
             break
         now -= gain
         applied.append(spec)
-        left = [x for x in left if x is not spec]
+        # more micro-batches and fewer, larger ones are opposite changes: one of them is taken
+        left = [x for x in left if x is not spec and not (_more_microbatches(x) and _fewer_microbatches(spec))
+                and not (_fewer_microbatches(x) and _more_microbatches(spec))]
         out.append(dict(id=ids[id(spec)], gain_ms=round(gain, 2), step_ms_after=round(now - step + measured, 2),
-                        wall_after=wall, applied_as="step delta: the pipeline schedule simulated with this change on "
-                                                    "top of the plan's schedule changes before it, added to the "
-                                                    "graph's steps"))
+                        wall_after=wall, applied_as=(
+                            "step delta: the pipeline schedule simulated with this change on top of the plan's "
+                            "schedule changes before it, added to the graph's steps" if spec["kind"] == pipeline_schedule.KIND
+                            else "step delta: its host saving replayed on top of the graph's steps, priced by the "
+                                 "pipeline schedule simulated with fewer, larger micro-batches")))
     return out
+
+
+def _reschedules(r: Replayer, spec: dict) -> bool:
+    """A schedule change: a PP fix, or a larger micro-batch on a pipelined job (fewer micro-batches)."""
+    return spec.get("kind") == pipeline_schedule.KIND or (_fewer_microbatches(spec) and r.stages is not None)
+
+
+def _more_microbatches(spec: dict) -> bool:
+    return spec.get("kind") == pipeline_schedule.KIND and int(spec.get("microbatches", 1)) > 1
+
+
+def _fewer_microbatches(spec: dict) -> bool:
+    return spec.get("kind") == "fewer_launches"
 
 
 def _missing(r: Replayer) -> list[str]:
