@@ -1,7 +1,10 @@
 """The replay's engine on small graphs whose longest paths are worked out by hand: chains,
 launches, CUDA event waits, blocking syncs, thread hand-offs and a collective matched across
-two ranks, then the same graphs under changes (an op dropped, a call no longer blocking)."""
+two ranks, then the same graphs under changes (an op dropped, a call no longer blocking, the
+MoE routing balanced)."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -205,3 +208,50 @@ def test_the_solver_agrees_with_a_plain_longest_path_with_detached_ops_and_added
     extra = scenario.ready_edges(g, [moved], own)
     got, _ = engine.solve(g, off, lag, base, extra=extra)
     assert np.array_equal(got, _relaxed(g, off, lag, base, extra))
+
+
+def _ep_layer(expert_us: list[int]) -> tuple[list[GpuTrace], Instance]:
+    """An MoE layer on EP ranks, one stream each: a 4 us token-count all-to-all, the dispatch
+    (40 us transfer), the rank's expert compute, the combine (40 us transfer) and, 1 us later,
+    20 us of dense compute. Every rank waits in the combine for the busiest one."""
+    end = 44 * US + max(expert_us) * US
+    traces = []
+    for e in expert_us:
+        ops = [(0, 4 * US, 0, COMM, -1, 0, 0), (4 * US, 40 * US, 0, COMM, -1, 0, 0),
+               (44 * US, e * US, 0, COMPUTE, -1, 0, 0),
+               (44 * US + e * US, end + 40 * US - (44 * US + e * US), 0, COMM, -1, 0, 0),  # waits, then 40 us
+               (end + 41 * US, 20 * US, 0, COMPUTE, -1, 0, US)]
+        traces.append(_trace(ops, []))
+    n = len(expert_us)
+    inst = Instance(gpu=np.tile(np.arange(n), 3), op=np.repeat([0, 1, 3], n),
+                    transfer=np.repeat([4 * US, 40 * US, 40 * US], n), k=np.repeat([0, 1, 2], n), group="EP")
+    return traces, inst
+
+
+def test_balanced_routing_spreads_the_expert_work_and_the_all_to_alls_move_the_mean_volume():
+    from profclass.replay import collectives, transforms
+    from profclass.replay.run import _transfers
+    traces, inst = _ep_layer([30, 10])
+    g, w, out = _times(traces, [inst])
+    assert out.ends.tolist() == [135 * US, 135 * US]
+    groups = tuple(np.where(t.ops.kind == COMM, "EP", "").astype(object) for t in traces)
+    colls = tuple(np.where(t.ops.kind == COMM, "all_to_all", "").astype(object) for t in traces)
+    ctx = transforms.Context(op_groups=groups, ep_segments=tuple(collectives.segments(traces, [inst], "EP")),
+                             op_colls=colls, transfer=tuple(np.maximum(x, 0) for x in _transfers(g, traces)))
+    spec = {"kind": "balance", "recovered": [0.5, 1.0, 1.0]}
+    # balanced: 20 us of expert work each (30 and 10 us, mean 20); the dispatch and combine move
+    # the mean volume, 2/3 of the busiest rank's: the 4 us floor (the all-to-alls' low-quantile
+    # transfer) plus 36 x 2/3 = 28 us; the token counts' all-to-all stays at its floor.
+    # 4 + 28 + 20 + 28 + 1 + 20 = 101 us (the compute alone balanced: 4 + 40 + 20 + 40 + 1 + 20 = 125)
+    best = scenario.run(g, transforms.apply(spec, "best", traces, w, ctx))
+    assert best.ends.tolist() == [101 * US, 101 * US]
+    # half the imbalance recovered: experts 25 and 15 us, transfers 4 + 36 x 5/6 = 34 us:
+    # 4 + 34 + 25 + 34 + 1 + 20 = 118 us (to the ns the scaled transfers are truncated to)
+    low = scenario.run(g, transforms.apply(spec, "low", traces, w, ctx))
+    assert np.abs(low.ends - 118 * US).max() <= 2
+    # balanced already: nothing to move
+    traces, inst = _ep_layer([20, 20])
+    g, w, _ = _times(traces, [inst])
+    ctx = replace(ctx, ep_segments=tuple(collectives.segments(traces, [inst], "EP")),
+                  transfer=tuple(np.maximum(x, 0) for x in _transfers(g, traces)))
+    assert transforms.apply({**spec, "host": True}, "best", traces, w, ctx)[0].transfer_scale.tolist() == [1.0] * 5

@@ -9,7 +9,9 @@ MAX_TRACE_OPS = 200_000
 # fidelity; five keep the step-to-step variation a window shows (the corpus's windows hold 2-11)
 MAX_TRACE_ITERATIONS = 5
 # The GPU's typical launch latency and back-to-back stream gap: this low quantile of the
-# measured values (the floor the hardware and driver reach when nothing else holds an op back)
+# measured values (the floor the hardware and driver reach when nothing else holds an op back);
+# the balance transform takes the same quantile of an EP collective type's captured transfers as
+# its latency floor (the time with next to nothing to move)
 TYPICAL_QUANTILE = 0.10
 # The binding edge of an op keeps its measured latency above the typical one up to these caps
 # (ns); beyond them the op waited for something the graph does not hold (an untraced

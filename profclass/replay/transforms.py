@@ -15,7 +15,7 @@ import numpy as np
 
 from . import overlap
 from . import pipeline_schedule
-from .constants import TRACED_CALL_NS
+from .constants import TRACED_CALL_NS, TYPICAL_QUANTILE
 from .scenario import Weights, drop_calls, drop_ops
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
 
@@ -223,7 +223,8 @@ def _host_rate(spec, point, traces, weights, ctx):
 
 def _balance(spec, point, traces, weights, ctx):
     """Balanced routing: between two all-to-alls every EP rank computes the mean of what the
-    ranks computed there (an overloaded rank's extra tokens spread over the others)."""
+    ranks computed there (an overloaded rank's extra tokens spread over the others), and each
+    EP all-to-all moves the mean rank's volume instead of the largest (``_ep_transfer_factor``)."""
     if len(traces) < 2:
         return None
     share = _pick(spec.get("recovered", 1.0), point)
@@ -239,17 +240,70 @@ def _balance(spec, point, traces, weights, ctx):
     mean = np.where(present.any(axis=0), sums.sum(axis=0) / np.maximum(present.sum(axis=0), 1), 0)
     if not (sums > mean * 1.02).any() and not spec.get("host"):
         return None
+    xfer = _ep_transfer_factor(traces, ctx, mean / np.maximum(sums.max(axis=0), 1), share)
     out = []
     for gi, (t, w, s) in enumerate(zip(traces, weights, seg)):
         f = np.where(sums[gi] > 0, 1.0 - share * (1.0 - mean / np.maximum(sums[gi], 1)), 1.0)
         sel = (t.ops.kind == COMPUTE) & (s >= 0)
         factor = np.ones(t.n_ops)
         factor[sel] = f[s[sel]]
-        out.append(replace(w, op_dur=(w.op_dur * factor).astype(np.int64)))
+        out.append(replace(w, op_dur=(w.op_dur * factor).astype(np.int64),
+                           transfer_scale=w.transfer_scale * xfer[gi]))
     if spec.get("host"):
         # the overloaded rank's host also handles its extra tokens (the dispatcher's per-token
         # work between its syncs): balanced, it issues at the median rank's rate
         out = _host_rate(spec, point, traces, out, ctx) or out
+    return out
+
+
+def _ep_transfer_factor(traces, ctx, ratio: np.ndarray, share: float) -> list[np.ndarray]:
+    """Per GPU, per op: the factor on a matched EP collective's transfer once routing is
+    balanced (1 elsewhere). An all-to-all ends when its most loaded member has moved its tokens:
+    the bandwidth part of its transfer scales by mean / max load (``ratio``, per segment) of
+    the expert work it feeds (a dispatch: the next segment with work) or drains (a combine:
+    the last one before it); the trace cannot tell the two apart, so the larger imbalance of
+    the two sides counts (the other side is the layer's dense part, balanced by construction).
+    Segments with no compute on any rank (between a dispatch's token and probability
+    all-to-alls) are skipped. The latency part stays: the collective's typical (low-quantile)
+    captured transfer, the time it takes with next to nothing to move."""
+    ones = [np.ones(t.n_ops) for t in traces]
+    if not ctx.transfer:
+        return ones
+    n = len(ratio)
+    ep = [(t.ops.kind == COMM) & (g == "EP") & (x > 0) & (s >= 0)
+          for t, g, x, s in zip(traces, ctx.op_groups, ctx.transfer, ctx.ep_segments)]
+    if not any(e.any() for e in ep):
+        return ones
+    # the EP instances in time order (ids are per (group, collective), not time-ordered across them)
+    first = np.full(n, np.iinfo(np.int64).max)
+    for t, e, s in zip(traces, ep, ctx.ep_segments):
+        np.minimum.at(first, s[e], t.ops.start[e] + t.shift_ns)
+    ids = np.flatnonzero(first < np.iinfo(np.int64).max)
+    ids = ids[np.argsort(first[ids], kind="stable")]
+    m = len(ids)
+    # the segment an instance opens is its after side; a segment with no compute has ratio 0
+    worked = ratio[ids] > 0
+    pos = np.arange(m)
+    after = np.minimum.accumulate(np.where(worked, pos, m)[::-1])[::-1]
+    before = np.concatenate([[-1], np.maximum.accumulate(np.where(worked, pos, -1))[:-1]])
+    side = np.append(ratio[ids], 1.0)  # m (no work after) and -1 (none before) read 1: balanced
+    r = np.minimum(side[after], side[before])
+    f_inst = np.ones(n)
+    f_inst[ids] = 1.0 - share * (1.0 - r)
+    # the latency floor of each collective type of the group, over all its members' transfers
+    cs = np.concatenate([np.asarray(c, dtype=str)[e] if len(c) else np.full(int(e.sum()), "")
+                         for c, e in zip(ctx.op_colls or [()] * len(traces), ep)])
+    xs = np.concatenate([np.asarray(x)[e] for x, e in zip(ctx.transfer, ep)]).astype(np.float64)
+    kinds, kind_of = np.unique(cs, return_inverse=True)
+    floor = np.array([np.quantile(xs[kind_of == k], TYPICAL_QUANTILE) for k in range(len(kinds))])
+    fl = np.minimum(floor[kind_of], xs)
+    f_all = (fl + (xs - fl) * f_inst[np.concatenate([s[e] for s, e in zip(ctx.ep_segments, ep)])]) / xs
+    out, at = [], 0
+    for t, e in zip(traces, ep):
+        f = np.ones(t.n_ops)
+        f[e] = f_all[at:at + int(e.sum())]
+        at += int(e.sum())
+        out.append(f)
     return out
 
 
