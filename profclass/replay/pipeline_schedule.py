@@ -15,9 +15,11 @@ What the simulation takes from the capture (``measure``), per stage (mean over i
 - U, its per-micro-batch work: the stage's busy time (compute and non-PP collectives) and its
   idle time (host gaps) per step, less its once-per-step rest, over m. Idle inside a forward or
   backward is host pacing of that work: it stays with it;
-- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data): the step's
-  stretch without PP send/recv, between the last exchange of one step and the first of the next
-  (on the first stage that stretch also holds one backward and one forward slot);
+- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data): the
+  stretches between PP-group ops that hold the optimizer's kernels (``OPTIMIZER_KERNEL``), split
+  at the step's PP all-reduce where there is one (the gradient norm's: every stage waits there
+  for the others) into the part before and after it (on the first stage that rest also holds
+  the step's last backward slot and the next step's first forward);
 - x, the cost of one exchange: the PP send/recv kernel's floor (its 10th-percentile duration:
   the transfer when the peer is ready) plus the host's time from an exchange's end to the next
   compute kernel (a quantile of the measured gaps: ``exchange_quantile``).
@@ -27,8 +29,11 @@ exchanges come out of U, so the base's own work is kept whatever x is), B = ``FB
 (backward ~2x a forward's FLOPs; a recomputed forward is inside the backward). A slot starts
 when its stage is free and its input is there: the forward of chunk c on stage s after the
 same chunk's forward on s - 1 (chunk c - 1 on the last stage for s = 0), the backward after
-the next stage's (chunk c + 1 on the first stage from the last), each plus x. The step is the
-longest of the stages' spans plus their rest (each stage starts its next step after its rest).
+the next stage's (chunk c + 1 on the first stage from the last), each plus x. After its last
+slot a stage runs its rest (with a PP all-reduce: the part before it, then waits for every
+stage to get there, then the part after it) and starts the next step's slots. ``STEPS`` steps
+run back to back; the step is the start-to-start time of the last two (a stage's rest can run
+beside another stage's last slots, which one step's makespan plus the rest would not see).
 """
 from __future__ import annotations
 
@@ -112,6 +117,52 @@ def simulate(p: int, v: int, m: int, f_slot, b_slot, x: float, group: int | None
     return Schedule(start=start, end=np.array(free), busy=busy)
 
 
+STEPS = 3  # steps simulated back to back: the last one's start-to-start is the steady step
+
+
+def periodic_step(p: int, v: int, m: int, f_slot, b_slot, x: float, pre, post, meet: bool,
+                  group: int | None = None, steps: int = STEPS) -> float:
+    """The steady step of back-to-back steps: each stage runs its slots in Megatron-Core's
+    order, then its once-per-step rest (optimizer, gradient sync, data: ``pre`` + ``post``),
+    then the next step's slots; with ``meet`` the stages meet between ``pre`` and ``post``
+    (the PP group's all-reduce, e.g. the gradient norm's, holds each stage until every stage
+    has run its last slot and its ``pre``). Slot inputs as ``simulate``'s, within a step. The
+    step is the mean over stages of the start-to-start time of the last two steps' first slots."""
+    one = [order(p, v, m, s, group) for s in range(p)]
+    ready = {}  # (stage, step): when the stage reaches the meeting point
+    orders = [[(k, sl) for k in range(steps) for sl in one[s] + ["pre", "post"]] for s in range(p)]
+    done: dict = {}
+    first = np.full((p, steps), np.nan)
+    pos, free = [0] * p, [0.0] * p
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                k, slot = orders[s][pos[s]]
+                if slot == "pre":  # the stage's rest up to the meeting point
+                    ready[(s, k)] = free[s] = free[s] + float(pre[s])
+                elif slot == "post":
+                    if meet and any((r, k) not in ready for r in range(p)):
+                        break
+                    t0 = max([free[s]] + ([ready[(r, k)] for r in range(p)] if meet else []))
+                    free[s] = t0 + float(post[s])
+                else:
+                    dep = _input(s, slot, p, v)
+                    if dep is not None and (dep[0], (k, dep[1])) not in done:
+                        break
+                    t0 = max(free[s], done[(dep[0], (k, dep[1]))] + x if dep is not None else 0.0)
+                    if np.isnan(first[s, k]):
+                        first[s, k] = t0
+                    done[(s, (k, slot))] = free[s] = t0 + (b_slot[s] if slot[0] else f_slot[s])
+                pos[s] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise ValueError(f"schedule deadlock at p={p}, v={v}, m={m}")
+    return float(np.mean(first[:, -1] - first[:, -2]))
+
+
 @dataclass(frozen=True)
 class Stages:
     """A pipelined job's measured schedule inputs, per stage (ns per step or per micro-batch)."""
@@ -125,6 +176,8 @@ class Stages:
     gaps: np.ndarray  # host time from a PP exchange's end to the next compute kernel (all stages)
     measured_step: float  # the job's measured step (mean over GPUs)
     gpu_stage: tuple = ()  # per GPU of the replay: its stage
+    meet: bool = True  # the PP group all-reduces once a step: every stage waits there for the others
+    rest_before_meet: np.ndarray | None = None  # per stage: the part of R before that all-reduce
 
 
 def step_ns(st: Stages, v: int, m: int, x: float, work=None) -> float:
@@ -132,11 +185,8 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None) -> float:
     u = st.work if work is None else work
     fb = np.clip(u - 2 * st.v * x, 0, None)  # the base's forward and backward work, its exchanges out
     f = fb / (1 + FB_RATIO)
-    sch = simulate(st.p, v, m, f / v + x, FB_RATIO * f / v + x, x)
-    # the stages meet at the step's PP-group all-reduce (embedding and gradient-norm sync) after
-    # the last backward anywhere; each then runs its rest, and a stage's next step starts its
-    # first slot no earlier than that
-    return float(np.max(sch.end) + np.max(st.rest - sch.start))
+    pre = st.rest_before_meet if st.rest_before_meet is not None else np.zeros(st.p)
+    return periodic_step(st.p, v, m, f / v + x, FB_RATIO * f / v + x, x, pre, st.rest - pre, st.meet)
 
 
 def exchange_cost(st: Stages, q: float) -> float:
@@ -144,45 +194,84 @@ def exchange_cost(st: Stages, q: float) -> float:
 
 
 def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: int, v: int, m: int,
-            busy_idle_ns: list[float], step_ns: list[float]) -> Stages | None:
-    """Per stage U and R (mean over its ranks), the exchange's floor and the host gaps after
-    exchanges. ``pp_ops``: per GPU, its PP send/recv ops (trace indices); ``busy_idle_ns``: per
-    GPU, its busy plus idle time per step (the pipeline analyzer's, no PP blocking in it)."""
+            busy_idle_ns: list[float], step_ns: list[float], meets: list[np.ndarray] | None = None) -> Stages | None:
+    """Per stage U and R (mean over its ranks; R split at the stages' meeting point), the
+    exchange's floor and the host gaps after exchanges. ``pp_ops``: per GPU, its PP-group ops
+    (trace indices); ``meets``: per GPU, which of them are the step's PP all-reduce (None: no
+    meeting); ``busy_idle_ns``: per GPU, its busy plus idle time per step (the pipeline
+    analyzer's, no PP blocking in it)."""
     if not p or p < 2 or not m or any(s is None for s in stage):
         return None
-    work, rest = np.zeros(p), np.zeros(p)
+    work, pre, post = np.zeros(p), np.zeros(p), np.zeros(p)
     n = np.zeros(p)
     floors, gaps = [], []
-    for t, pp, s, bi in zip(traces, pp_ops, stage, busy_idle_ns):
+    for gi, (t, pp, s, bi) in enumerate(zip(traces, pp_ops, stage, busy_idle_ns)):
         if len(pp) < 2 or t.iterations < 1:
             return None
-        r_gap = _rest_gap(t, pp)
-        if s == 0:  # its rest stretch also holds the next step's first forward slot
-            u = (bi - r_gap) / (m - 1.0 / (v * (1 + FB_RATIO)))
-            r = r_gap - u / (v * (1 + FB_RATIO))
+        meet = meets[gi] if meets is not None else np.zeros(len(pp), bool)
+        r_pre, r_post = _rest_gap(t, pp, meet)
+        if s == 0:  # its rest stretch also holds the step's last backward slot and the next one's first forward
+            u = (bi - r_pre - r_post) / (m - 1.0 / v)
+            f = u / (v * (1 + FB_RATIO))  # one chunk's forward (its share of the exchange cost aside)
+            r_pre, r_post = (r_pre - FB_RATIO * f, r_post - f) if r_pre > 0 else (0.0, r_post - (1 + FB_RATIO) * f)
         else:
-            r = r_gap
-            u = (bi - r) / m
+            u = (bi - r_pre - r_post) / m
         work[s] += u
-        rest[s] += r
+        pre[s] += r_pre
+        post[s] += r_post
         n[s] += 1
         floors.append(t.ops.dur[pp])
         gaps.append(_gaps_after(t, pp))
     if (n == 0).any():
         return None
-    return Stages(p=p, v=v, m=m, work=work / n, rest=np.clip(rest / n, 0, None),
+    pre, post = np.clip(pre / n, 0, None), np.clip(post / n, 0, None)
+    return Stages(p=p, v=v, m=m, work=work / n, rest=pre + post,
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
-                  gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage))
+                  gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
+                  meet=meets is not None, rest_before_meet=pre)
 
 
-def _rest_gap(t: GpuTrace, pp: np.ndarray) -> float:
-    """ns per step with no PP exchange: the window's head and tail (it starts and ends at a
-    step's start) and the iterations - 1 longest stretches between consecutive exchanges."""
+def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, float]:
+    """ns per step with no PP exchange around the optimizer, (before, after) the stages' meeting
+    point: the stretches between consecutive PP-group ops that hold an optimizer-step kernel
+    (``OPTIMIZER_KERNEL``), over the steps they span; a stretch that ends at the step's PP
+    all-reduce (``meet``: the gradient norm's, which every stage waits in) is before it. (The
+    longest stretches are not the rest: on the last stage a micro-batch's forward and backward,
+    on the first a backward and the next forward, run with no exchange between them and can
+    outlast the optimizer's; nor are the window's head and tail: the window starts at an
+    iteration mark, which can be any kernel of the step.) Without an optimizer kernel between
+    two PP ops: the head and tail and the iterations - 1 longest stretches, all after."""
     s = t.ops.start[pp]
     e = s + t.ops.dur[pp]
-    between = np.sort(s[1:] - np.maximum.accumulate(e)[:-1])[::-1]
-    inner = between[:t.iterations - 1].clip(0).sum()
-    return float((s[0] - t.lo) + max(t.hi - e.max(), 0) + inner) / t.iterations
+    ce = np.maximum.accumulate(e)
+    between = s[1:] - ce[:-1]
+    at = np.searchsorted(s, t.ops.start[_optimizer_ops(t)], side="right")
+    inner = np.unique(at[(at > 0) & (at < len(pp))]) - 1  # stretch i: after PP op i
+    if len(inner):
+        period = (t.hi - t.lo) / t.iterations
+
+        def per_step(idx: np.ndarray) -> float:  # the stretches over the steps they span
+            if not len(idx):
+                return 0.0
+            steps = int(round(float(ce[idx].max() - ce[idx].min()) / period)) + 1
+            return float(between[idx].clip(0).sum()) / steps
+        before = meet[inner + 1]
+        return per_step(inner[before]), per_step(inner[~before])
+    longest = np.sort(between)[::-1][:t.iterations - 1].clip(0).sum()
+    return 0.0, float((s[0] - t.lo) + max(t.hi - ce[-1], 0) + longest) / t.iterations
+
+
+# kernels of the once-per-step optimizer work: PyTorch's foreach and fused optimizers, Apex's and
+# Transformer Engine's fused Adam, and the gradient norm before them all run as
+# multi_tensor_apply kernels (a forward or a backward launches none)
+OPTIMIZER_KERNEL = ("multi_tensor_apply", "multi_tensor_adam")
+
+
+def _optimizer_ops(t: GpuTrace) -> np.ndarray:
+    if t.ops.name is None or not len(t.names):
+        return np.zeros(t.n_ops, bool)
+    is_opt = np.array([any(k in n for k in OPTIMIZER_KERNEL) for n in t.names] + [False])
+    return is_opt[t.ops.name]  # code -1 (no name) takes the trailing False
 
 
 def _gaps_after(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
@@ -216,9 +305,13 @@ def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns
     # every PP-group op: send/recv, and the step's PP all-reduce (embedding, gradient norm) that
     # ends the schedule on every stage
     pp = [np.sort(kd["op"][kd["group"] == "PP"]) for kd in keyed]
+    # the stages meet once a step where the PP group all-reduces (the gradient norm, embeddings)
+    meets = [np.isin(p_ops, kd["op"][(kd["group"] == "PP") & (kd["collective"] == "all_reduce")])
+             for p_ops, kd in zip(pp, keyed)]
     st = measure(traces, pp, stage, pipeline.stages,
                  pipeline.virtual_stages or 1, pipeline.microbatches,
-                 [(rows[r]["busy_ms"] + rows[r]["idle_ms"]) * 1e6 for r in ranks], list(step_ns))
+                 [(rows[r]["busy_ms"] + rows[r]["idle_ms"]) * 1e6 for r in ranks], list(step_ns),
+                 meets if any(mt.any() for mt in meets) else None)
     return st, "" if st is not None else "a stage has fewer than two PP exchanges in its window"
 
 
