@@ -47,7 +47,9 @@ def test_pairs_name_real_fixes_and_profiles():
 # issue 30's pairs whose share-model range does not hold the realized gain (docs/fixes.md says
 # why; what was registered for them is the replay's prediction, judged in fixtures/notes.md)
 UNCOVERED = {"fp8_base_1gpu", "grouped_base_1gpu", "gc_base_1gpu", "graphs2_base_1gpu", "fp82_base_1gpu",
-             "gc2_base_1gpu"}
+             "gc2_base_1gpu",
+             # its 4 -> 16 micro-batch pair: the share model prices a doubling (the replay takes the pair's factor)
+             "mcore_wrapped_dense_tp2_pp2"}
 
 
 def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows, diagnosis):
@@ -118,15 +120,15 @@ def test_untraced_reruns_are_whole_and_paired():
         assert u["base"] != u["candidate"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met by the share models: 29 of "
-                   "47, all judged without the profiler; the misses explained in docs/fixes.md (replicates that "
+@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met by the share models: 30 of "
+                   "50, all judged without the profiler; the misses explained in docs/fixes.md (replicates that "
                    "disagree by more than the error, collector pauses, gains priced on the traced host)")
 def test_issue_target_80_percent_of_pairs(rows):
     assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
 
 
 @pytest.mark.xfail(strict=True, reason="issue 30's target (80% of the replayed pairs within max(15%, 3% of the "
-                   "step)) is not met: 25 of 47 untraced, 11 of 30 traced; docs/fixes.md 'Replayed gains' and "
+                   "step)) is not met: 27 of 50 untraced, 11 of 30 traced; docs/fixes.md 'Replayed gains' and "
                    "the issue-30 note give each miss's cause")
 def test_replay_target_80_percent_of_pairs(replay_rows):
     for judged in ("ok_untraced", "ok_traced"):
