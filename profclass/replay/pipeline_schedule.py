@@ -83,57 +83,27 @@ def _input(s: int, slot: tuple[bool, int, int], p: int, v: int):
 @dataclass(frozen=True)
 class Schedule:
     start: np.ndarray  # per stage: its first slot's start
-    end: np.ndarray  # per stage: its last slot's end
+    end: np.ndarray  # per stage: its last slot's end (its rest's, with a rest)
     busy: np.ndarray  # per stage: its slots' time
+    first: np.ndarray  # per stage and step: the step's first slot's start
 
 
-def simulate(p: int, v: int, m: int, f_slot, b_slot, x: float, group: int | None = None) -> Schedule:
-    """Event simulation of one step's schedule: ``f_slot`` / ``b_slot`` per stage, the time of
-    one chunk's forward / backward (its exchange included); ``x`` the lag of a slot's input
-    behind its producer's end."""
-    orders = [order(p, v, m, s, group) for s in range(p)]
-    done: dict = {}
-    pos, free = [0] * p, [0.0] * p
-    start, busy = np.full(p, np.nan), np.zeros(p)
-    left = sum(len(o) for o in orders)
-    while left:
-        moved = False
-        for s in range(p):
-            while pos[s] < len(orders[s]):
-                slot = orders[s][pos[s]]
-                dep = _input(s, slot, p, v)
-                if dep is not None and dep not in done:
-                    break
-                t0 = max(free[s], done[dep] + x if dep is not None else 0.0)
-                dur = b_slot[s] if slot[0] else f_slot[s]
-                done[(s, slot)] = free[s] = t0 + dur
-                start[s] = t0 if np.isnan(start[s]) else start[s]
-                busy[s] += dur
-                pos[s] += 1
-                left -= 1
-                moved = True
-        if not moved:
-            raise ValueError(f"schedule deadlock at p={p}, v={v}, m={m}")
-    return Schedule(start=start, end=np.array(free), busy=busy)
-
-
-STEPS = 3  # steps simulated back to back: the last one's start-to-start is the steady step
-
-
-def periodic_step(p: int, v: int, m: int, f_slot, b_slot, x: float, pre, post, meet: bool,
-                  group: int | None = None, steps: int = STEPS) -> float:
-    """The steady step of back-to-back steps: each stage runs its slots in Megatron-Core's
-    order, then its once-per-step rest (optimizer, gradient sync, data: ``pre`` + ``post``),
-    then the next step's slots; with ``meet`` the stages meet between ``pre`` and ``post``
-    (the PP group's all-reduce, e.g. the gradient norm's, holds each stage until every stage
-    has run its last slot and its ``pre``). Slot inputs as ``simulate``'s, within a step. The
-    step is the mean over stages of the start-to-start time of the last two steps' first slots."""
+def simulate(p: int, v: int, m: int, f_slot, b_slot, x: float, group: int | None = None,
+             pre=None, post=None, meet: bool = False, steps: int = 1) -> Schedule:
+    """Event simulation of ``steps`` back-to-back steps: ``f_slot`` / ``b_slot`` per stage, the
+    time of one chunk's forward / backward (its exchange included); ``x`` the lag of a slot's
+    input behind its producer's end. After its last slot a stage runs its once-per-step rest
+    (``pre`` + ``post``; none by default) and the next step's slots; with ``meet`` the stages
+    meet between ``pre`` and ``post`` (the PP group's all-reduce, e.g. the gradient norm's,
+    holds each stage until every stage has run its last slot and its ``pre``)."""
     one = [order(p, v, m, s, group) for s in range(p)]
-    ready = {}  # (stage, step): when the stage reaches the meeting point
+    pre = np.zeros(p) if pre is None else pre
+    post = np.zeros(p) if post is None else post
     orders = [[(k, sl) for k in range(steps) for sl in one[s] + ["pre", "post"]] for s in range(p)]
     done: dict = {}
+    ready: dict = {}  # (stage, step): when the stage reaches the meeting point
     first = np.full((p, steps), np.nan)
-    pos, free = [0] * p, [0.0] * p
+    pos, free, busy = [0] * p, [0.0] * p, np.zeros(p)
     left = sum(len(o) for o in orders)
     while left:
         moved = False
@@ -145,21 +115,32 @@ def periodic_step(p: int, v: int, m: int, f_slot, b_slot, x: float, pre, post, m
                 elif slot == "post":
                     if meet and any((r, k) not in ready for r in range(p)):
                         break
-                    t0 = max([free[s]] + ([ready[(r, k)] for r in range(p)] if meet else []))
-                    free[s] = t0 + float(post[s])
+                    free[s] = max([free[s]] + ([ready[(r, k)] for r in range(p)] if meet else [])) + float(post[s])
                 else:
                     dep = _input(s, slot, p, v)
                     if dep is not None and (dep[0], (k, dep[1])) not in done:
                         break
                     t0 = max(free[s], done[(dep[0], (k, dep[1]))] + x if dep is not None else 0.0)
-                    if np.isnan(first[s, k]):
-                        first[s, k] = t0
-                    done[(s, (k, slot))] = free[s] = t0 + (b_slot[s] if slot[0] else f_slot[s])
+                    first[s, k] = t0 if np.isnan(first[s, k]) else first[s, k]
+                    dur = b_slot[s] if slot[0] else f_slot[s]
+                    done[(s, (k, slot))] = free[s] = t0 + dur
+                    busy[s] += dur
                 pos[s] += 1
                 left -= 1
                 moved = True
         if not moved:
             raise ValueError(f"schedule deadlock at p={p}, v={v}, m={m}")
+    return Schedule(start=first[:, 0], end=np.array(free), busy=busy, first=first)
+
+
+STEPS = 3  # steps simulated back to back: the last one's start-to-start is the steady step
+
+
+def periodic_step(p: int, v: int, m: int, f_slot, b_slot, x: float, pre, post, meet: bool,
+                  group: int | None = None, steps: int = STEPS) -> float:
+    """The steady step: ``steps`` steps back to back (``simulate``), the mean over stages of
+    the start-to-start time of the last two steps' first slots."""
+    first = simulate(p, v, m, f_slot, b_slot, x, group, pre, post, meet, steps).first
     return float(np.mean(first[:, -1] - first[:, -2]))
 
 
