@@ -144,3 +144,14 @@ def test_the_rest_is_the_optimizers_stretch_not_the_longest(diagnosis):
     d = diagnosis("mcore_wrapped_dense_tp2_pp2")
     sched = d.replay["pipeline_schedule"]
     assert 30 < sched["rest_ms"][1] < 35 < sched["work_ms_per_microbatch"][1]
+
+
+def test_host_time_comes_off_work_and_rest_by_their_time():
+    """less_host: 8 ms a step saved on a stage whose step is 4 micro-batches of 3 ms and a rest
+    of 12 ms: half of it (12 of 24 ms) comes off the micro-batches (1 ms each), half off the rest."""
+    import numpy as np
+    st = _uniform(2, 4, 3e6, rest=12e6)
+    lean = ps.less_host(st, np.full(2, 8e6))
+    assert lean.work == pytest.approx(np.full(2, 2e6))
+    assert lean.rest == pytest.approx(np.full(2, 8e6))
+    assert ps.less_host(st, np.zeros(2)).work == pytest.approx(st.work)

@@ -344,11 +344,22 @@ def gains_ms(spec: dict, st: Stages) -> dict | None:
     return out
 
 
+def less_host(st: Stages, saved_ns) -> Stages:
+    """The stages with ``saved_ns`` (per stage, ns per step of its time the graph replay takes
+    away: host time) taken out, split between the micro-batches' work and the once-per-step
+    rest by their time (m U against R; the rest's part before the meeting point in proportion)."""
+    saved = np.asarray(saved_ns, float)
+    share = st.m * st.work / np.maximum(st.m * st.work + st.rest, 1)
+    rest = np.clip(st.rest - (1 - share) * saved, 0, None)
+    pre = None if st.rest_before_meet is None else st.rest_before_meet * rest / np.maximum(st.rest, 1)
+    return replace(st, work=np.clip(st.work - share * saved / st.m, 0, None), rest=rest, rest_before_meet=pre)
+
+
 def bigger_microbatch_ms(st: Stages, k: float, saved_ns: np.ndarray, q: float = 0.5) -> float | None:
     """ms per step a k times larger micro-batch (m / k micro-batches, the same samples per step)
     saves on a pipelined job: the schedule simulated with m / k micro-batches, each k times a
-    captured one's work less its share of ``saved_ns`` (per stage, ns per step: the host time
-    the graph replay says the larger launches save), against the schedule at the captured m. The
+    captured one's work after ``less_host(saved_ns)`` (per stage, ns per step: the host time the
+    graph replay says the larger launches save), against the schedule at the captured m. The
     bubble grows with fewer micro-batches ((p - 1) / m of the step), which the graph replay
     keeps frozen in the captured PP waits. An exchange carries k times the activations: its
     floor (the transfer) scales by k, the host's gap after it does not. None where m / k is not
@@ -359,15 +370,9 @@ def bigger_microbatch_ms(st: Stages, k: float, saved_ns: np.ndarray, q: float = 
     m2 = int(round(m2))
     gap = float(np.quantile(st.gaps, q)) if len(st.gaps) else 0.0
     x, x2 = st.floor + gap, st.floor * k + gap
-    # the saving is the graph's over the stage's whole step: the micro-batches' work and the
-    # once-per-step rest each lose their share of it (by their time)
-    saved = np.asarray(saved_ns, float)
-    share = st.m * st.work / np.maximum(st.m * st.work + st.rest, 1)
-    fb = np.clip(st.work - 2 * st.v * x, 0, None) - share * saved / st.m
-    work2 = k * np.clip(fb, 0, None) + 2 * st.v * x2  # k micro-batches' work in one, its exchanges re-added
-    rest2 = np.clip(st.rest - (1 - share) * saved, 0, None)
-    new = step_ns(replace(st, rest=rest2), st.v, m2, x2, work=work2)
-    return (step_ns(st, st.v, st.m, x) - new) / 1e6
+    lean = less_host(st, saved_ns)
+    work2 = k * np.clip(lean.work - 2 * st.v * x, 0, None) + 2 * st.v * x2  # k micro-batches' work in one
+    return (step_ns(st, st.v, st.m, x) - step_ns(lean, st.v, m2, x2, work=work2)) / 1e6
 
 
 def fidelity(st: Stages) -> dict:

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..classify import WALLS
-from . import collectives, engine, pipeline_schedule, scenario, transforms
-from .engine import CALL, COMM_END, E_ARRIVE, E_EVENT, E_LAUNCH, E_SYNC, E_XFER, OP, RET
+from . import collectives, critical_path, engine, pipeline_schedule, scenario, transforms
 from .trace import GpuTrace
 
 PLAN_STEPS = 4
@@ -71,9 +70,18 @@ class Replayer:
         _, _, _, own = scenario.node_costs(self.graph, self.captured)
         self.measured_end = _ends(self.graph, self.graph.meas, own, len(self.traces))
         self.base = self.replay(self.captured)
-        # the pipeline schedule's inputs: PP fixes change the schedule, not the graph's weights
+        # the step without the profiler: fixes are priced and planned from it (the gain is banked
+        # in the job that runs without it, where the host's calls cost less; docs/replay.md)
+        self.untraced = [transforms.untraced(t, w, p) for t, w, p in
+                         zip(self.traces, self.captured, inp.profiler_ns_per_step)]
+        self.untraced_out = self.replay(self.untraced)
+        # the pipeline schedule's inputs: PP fixes change the schedule, not the graph's weights.
+        # Measured on the capture (``stages``: the schedule's fidelity); the fixes are priced on
+        # ``untraced_stages``, each stage's host time less what the profiler added to it
         self.stages, self.no_schedule = pipeline_schedule.from_job(self.traces, self.groups, inp.ranks,
                                                                    inp.pipeline, inp.step_ns)
+        self.untraced_stages = None if self.stages is None else pipeline_schedule.less_host(
+            self.stages, stage_saving(self, self.base, self.untraced_out))
 
     def replay(self, weights) -> scenario.Outcome:
         return scenario.run(self.graph, weights)
@@ -86,7 +94,7 @@ class Replayer:
         return float(np.mean(per))
 
     def critical_path_ms(self, out: scenario.Outcome, weights) -> dict:
-        return _critical_path(self, out, weights)
+        return critical_path.walls_ms(self, out, weights)
 
 
 def _op_groups(t: GpuTrace, kd: dict, key: str) -> np.ndarray:
@@ -112,79 +120,6 @@ def _ends(g, times, own, n_gpus) -> np.ndarray:
     return out
 
 
-def _critical_path(r: Replayer, out: scenario.Outcome, weights) -> dict:
-    """ms per step of the slowest GPU's binding path, by wall."""
-    g = r.graph
-    off, lag, base, own = scenario.node_costs(g, weights)
-    steps = [(e - m) / max(t.iterations, 1) + s for e, m, t, s in
-             zip(out.ends, r.measured_end, r.traces, r.inp.step_ns)]
-    slow = int(np.argmax(steps)) if steps else 0
-    mine = np.flatnonzero(g.gpu == slow)
-    if not len(mine):  # a GPU with nothing in its window: no path
-        return {w: 0.0 for w in WALLS}
-    sink = mine[np.argmax((out.t + own)[mine])]
-    g, lag = scenario.with_ready(g, weights, lag, own)  # a scenario's added edges bind too
-    nodes, how = engine.critical_path(g, out.t, off, lag, int(sink))
-    walls = np.zeros(len(WALLS))
-    host = WALLS.index("host")
-    parent_t = np.empty(len(nodes), np.int64)
-    # each on-path node's segment: from its binding predecessor's time to its own
-    seg = np.zeros(len(nodes), np.int64)
-    src_wall = np.full(len(nodes), host)
-    dur_part = np.zeros(len(nodes), np.int64)
-    op_wall = np.concatenate([scenario.op_walls(t) for t in r.traces]) if r.traces else np.zeros(0, np.int8)
-    call_wall = np.concatenate([scenario.call_walls(t) for t in r.traces]) if r.traces else np.zeros(0, np.int8)
-    op_base = np.concatenate([[0], np.cumsum([t.n_ops for t in r.traces])]).astype(np.int64)
-    call_base = np.concatenate([[0], np.cumsum([len(t.calls.c_start) for t in r.traces])]).astype(np.int64)
-    par = _parents(g, out.t, off, lag, nodes, how)
-    ok = par >= 0
-    parent_t[ok] = out.t[par[ok]]
-    # only the window's part of the path (its first nodes may have been placed before it)
-    lo = r.traces[slow].lo + r.traces[slow].shift_ns
-    hi = r.traces[slow].hi + r.traces[slow].shift_ns + (out.ends[slow] - r.measured_end[slow])
-    seg[ok] = np.clip(np.minimum(out.t[nodes[ok]], hi) - np.maximum(parent_t[ok], lo), 0, None)
-    pt = np.where(ok, g.ntype[np.clip(par, 0, None)], -1)
-    pg = np.clip(g.gpu[np.clip(par, 0, None)], 0, None)
-    pref = g.ref[np.clip(par, 0, None)]
-    is_op_src = ok & (pt == OP)
-    dur_part[is_op_src] = np.minimum(own[par[is_op_src]], seg[is_op_src])
-    src_wall[is_op_src] = op_wall[op_base[pg[is_op_src]] + pref[is_op_src]]
-    is_call_src = ok & (pt == CALL)
-    src_wall[is_call_src] = call_wall[call_base[pg[is_call_src]] + pref[is_call_src]]
-    dur_part[is_call_src] = seg[is_call_src]  # host time
-    xfer = ok & (how == E_XFER)
-    src_wall[xfer] = WALLS.index("communication")
-    dur_part[xfer] = seg[xfer]
-    np.add.at(walls, src_wall, dur_part)
-    walls[host] += float((seg - dur_part)[ok].sum())  # latencies and gaps: the GPU waits
-    # the sink's own time
-    sink_dur = int(np.clip(min(out.t[sink] + own[sink], hi) - max(out.t[sink], lo), 0, None))
-    if g.ntype[sink] == OP:
-        walls[op_wall[op_base[g.gpu[sink]] + g.ref[sink]]] += sink_dur
-    else:
-        walls[host] += sink_dur
-    its = max(r.traces[slow].iterations, 1)
-    return {w: round(float(v) / its / 1e6, 3) for w, v in zip(WALLS, walls)}
-
-
-def _parents(g, t, off, lag, nodes, how) -> np.ndarray:
-    """Each on-path node's binding predecessor (-1 at the path's start)."""
-    par = np.full(len(nodes), -1, np.int64)
-    chain = how == -1
-    par[chain] = g.cprev[nodes[chain]]
-    cross = np.flatnonzero(how >= 0)
-    if len(cross):
-        live = lag > engine.NEG
-        hit = np.flatnonzero(live & (np.where(live, t[g.esrc] + lag, engine.NEG) == t[g.edst]))
-        order = np.argsort(g.edst[hit], kind="stable")
-        dst, first = np.unique(g.edst[hit][order], return_index=True)  # a destination's first binding edge
-        src = g.esrc[hit][order][first]
-        at = np.clip(np.searchsorted(dst, nodes[cross]), 0, max(len(dst) - 1, 0))
-        found = (dst[at] == nodes[cross]) if len(dst) else np.zeros(len(cross), bool)
-        par[cross[found]] = src[at[found]]
-    return par
-
-
 def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall: str,
                also: tuple[str, ...] = ()) -> ReplayResult:
     """The ``replay`` section, each chosen fix's replayed gain and the fix plan; ``also``: fix
@@ -199,8 +134,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     for wall in WALLS:
         out = r.replay([transforms.without_wall(wall, t, w) for t, w in zip(r.traces, r.captured)])
         without[wall] = round(r.step_ms(out) - step + measured, 3)
-    start = _untraced(r)
-    untraced = r.replay(start)
+    start, untraced = r.untraced, r.untraced_out
     its = [t.iterations for t in r.traces]
     largest = min(without, key=lambda w: (without[w], WALLS.index(w)))
     section = dict(
@@ -221,10 +155,6 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     if also:  # asked for by id (the gain-pair tables): only then in the section
         section["requested"] = {i: vars(p) for i, p in prices.items() if i in also}
     return ReplayResult(section=section, prices=prices, plan=plan, missing=_missing(r))
-
-
-def _untraced(r: Replayer) -> list:
-    return [transforms.untraced(t, w, p) for t, w, p in zip(r.traces, r.captured, r.inp.profiler_ns_per_step)]
 
 
 def _graph_facts(r: Replayer, its: list[int]) -> dict:
@@ -264,14 +194,14 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         if not spec:
             continue
         if spec["kind"] == pipeline_schedule.KIND:
-            gains = pipeline_schedule.gains_ms(spec, r.stages) if r.stages is not None else None
+            gains = pipeline_schedule.gains_ms(spec, r.untraced_stages) if r.stages is not None else None
             if gains:
                 prices[f.get("request", f["id"])] = FixPrice(
                     f["id"], round(min(gains.values()), 2), round(gains["best"], 2), round(max(gains.values()), 2),
                     f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
                     f"per-micro-batch work, rest and exchange cost ({_describe(spec)}), against the schedule "
-                    f"simulated at the captured (p, v, m); from the traced capture (the schedule's inputs keep "
-                    f"the profiler's host cost)")
+                    f"simulated at the captured (p, v, m); both without the profiler (each stage's host time "
+                    f"less what the graph replay says CUDA tracing added to it)")
             continue
         gains = {}
         rescheduled = spec["kind"] == "fewer_launches" and r.stages is not None
@@ -305,17 +235,22 @@ def _rescheduled_on(r: Replayer, spec: dict, weights) -> float | None:
     return None if w is None else _rescheduled_ms(r, spec, r.replay(weights), r.replay(w))
 
 
+def stage_saving(r: Replayer, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarray:
+    """Per pipeline stage (the mean of its GPUs): ns per step the replay from ``before`` to
+    ``after`` took off the stage's time."""
+    st = r.stages
+    saved, n = np.zeros(st.p), np.zeros(st.p)
+    for gi, (t, s) in enumerate(zip(r.traces, st.gpu_stage)):
+        saved[s] += (before.ends[gi] - after.ends[gi]) / max(t.iterations, 1)
+        n[s] += 1
+    return saved / np.maximum(n, 1)
+
+
 def _rescheduled_ms(r: Replayer, spec: dict, start_out: scenario.Outcome, out: scenario.Outcome) -> float | None:
     """A larger micro-batch on a pipelined job: the graph replay's host time saved per step,
-    per stage (mean of its GPUs), priced by the schedule with m / k micro-batches."""
-    st = r.stages
-    saved = np.zeros(st.p)
-    n = np.zeros(st.p)
-    for gi, (t, s) in enumerate(zip(r.traces, st.gpu_stage)):
-        saved[s] += (start_out.ends[gi] - out.ends[gi]) / max(t.iterations, 1)
-        n[s] += 1
-    return pipeline_schedule.bigger_microbatch_ms(st, float(spec.get("microbatch_factor", 2.0)),
-                                                  saved / np.maximum(n, 1))
+    per stage, priced by the schedule (without the profiler) with m / k micro-batches."""
+    return pipeline_schedule.bigger_microbatch_ms(r.untraced_stages, float(spec.get("microbatch_factor", 2.0)),
+                                                  stage_saving(r, start_out, out))
 
 
 def _describe(spec: dict) -> str:
@@ -368,14 +303,14 @@ def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, don
         wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
     ids = {id(table[f["id"]]["transform"]): f["id"] for f in chosen if f["id"] in prices}
     while left and done + len(out) < PLAN_STEPS:
-        before = pipeline_schedule.combined_ms(applied, r.stages)
+        before = pipeline_schedule.combined_ms(applied, r.untraced_stages)
         trial = [(before - after, spec) for spec in left if spec["kind"] == pipeline_schedule.KIND
-                 and (after := pipeline_schedule.combined_ms(applied + [spec], r.stages)) is not None]
+                 and (after := pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages)) is not None]
         # a larger micro-batch (fewer of them): its host saving replayed on top of the graph's steps
         # (``weights``), priced by the schedule at m / k; the changes after it are simulated on its
         # m / k micro-batches (without its saving, which the simulation's inputs do not hold)
         trial += [(g, spec) for spec in left if spec["kind"] != pipeline_schedule.KIND
-                  and pipeline_schedule.combined_ms(applied + [spec], r.stages) is not None
+                  and pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages) is not None
                   and (g := _rescheduled_on(r, spec, weights)) is not None]
         if not trial:
             break
