@@ -32,3 +32,13 @@ def test_pooled_shares_are_the_pairwise_shares(name, collective):
                 assert all(pooled[j] == pairwise[j] for j in pooled), (r, pooled, pairwise)
                 checked += sum(v > 0 for v in pooled.values())
     assert checked > 0  # some rank's ends meet another's: not a comparison of zeros
+
+
+def test_an_end_at_int64s_limit_does_not_wrap_the_window():
+    """A kernel end within the tolerance of int64's largest value (a damaged export; the fuzz
+    test's generated one had a SendRecv there): its window's upper bound saturates, where the
+    sum wrapped to a negative count of near ends."""
+    big = np.iinfo(np.int64).max
+    ends = {0: np.array([1_000, big - 5], np.int64), 1: np.array([1_000, big - 3], np.int64)}
+    shares = li._shares(ends[0], 0, [0, 1], li._pool(ends), 1)
+    assert shares == {1: 1.0}

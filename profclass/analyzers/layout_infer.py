@@ -119,8 +119,12 @@ def _shares(x: np.ndarray, r: int, ranks, pool: tuple, stride: int) -> dict[int,
     multiple of ``stride`` away (``end_gap`` <= ``END_TOL_NS``, for all ranks in one pass over
     the ``_pool``: a rank pair at a time made the layout quadratic in Python calls)."""
     vals, owner, pos = pool
-    lo = np.searchsorted(vals, x - END_TOL_NS, "left")
-    n = np.searchsorted(vals, x + END_TOL_NS, "right") - lo
+    # saturating bounds: x +- the tolerance wraps around for an end within it of int64's limits
+    i64 = np.iinfo(np.int64)
+    lower = np.where(x < i64.min + END_TOL_NS, i64.min, x - END_TOL_NS)
+    upper = np.where(x > i64.max - END_TOL_NS, i64.max, x + END_TOL_NS)
+    lo = np.searchsorted(vals, lower, "left")
+    n = np.searchsorted(vals, upper, "right") - lo
     near = np.zeros((len(x), len(pos)), bool)  # own end i has an end of rank pos[j] within the tolerance
     at = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
     near[np.repeat(np.arange(len(x)), n), owner[at]] = True
