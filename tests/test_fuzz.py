@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from nsys_builder import NsysExportBuilder
 
@@ -390,10 +390,21 @@ def _build(path: Path, spec: dict, session_start: int) -> Path:
     return b.write()
 
 
+# two exports the random search found (twelfth session), kept as fixed examples: a SendRecv end
+# within the layout inference's tolerance of int64's limit (its window wrapped), and a kernel
+# damaged to end at int64's limit (the replay's sums overflowed)
+_FOUND = dict(drop_tables=set(), drop_columns={}, rename={}, nvtx=[], copies=[], runtime=[], gpus=[], pids=[0],
+              command=[], env={}, metrics=[], memory=[], two_files=True)
+
+
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large, HealthCheck.large_base_example])
 @given(spec=exports())
+@example(spec=dict(_FOUND, damage=[], kernels=[(T0, 0, "sm90_xmma_gemm_bf16bf16", 0, 1, False)] * 6 + [
+    (T0, 0, "sm90_xmma_gemm_bf16bf16", -1, 1, False), (9_223_372_036_854_755_808, 0, "ncclDevKernel_SendRecv", 0, 1, False)]))
+@example(spec=dict(_FOUND, kernels=[(T0, 0, "sm90_xmma_gemm_bf16bf16", 0, 1, False)], damage=[
+    'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 9223372036854775000, "end" = 9223372036854775807 WHERE rowid = 1']))
 def test_generated_exports(tmp_path_factory, private_tmp, spec):
     d = tmp_path_factory.mktemp("gen")
     files = [_build(d / "rank0.sqlite", spec, 1_795_659_794_721_005_514)]

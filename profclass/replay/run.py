@@ -13,6 +13,9 @@ from . import collectives, critical_path, engine, pipeline_schedule, scenario, t
 from .trace import GpuTrace
 
 PLAN_STEPS = 4
+# a window whose times pass this (146 years of ns) is a damaged export: the replay adds times and
+# their differences in int64, which overflows near 2**63
+CLOCK_LIMIT_NS = 2 ** 62
 # a plan step must shorten the replayed step by this share of it: less is inside the replay's own
 # latency model and the run-to-run noise of a timer (5-10% of a step, docs/fixes.md)
 PLAN_MIN_GAIN_SHARE = 0.005
@@ -128,6 +131,10 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     if measured <= 0 or not any(t.n_ops for t in inp.traces):
         return ReplayResult(section={}, prices={}, plan=[],
                             missing=["replay: no steady step with GPU work to replay"])
+    if any(max(abs(t.lo), abs(t.hi), abs(t.measured_end)) + abs(t.shift_ns) > CLOCK_LIMIT_NS for t in inp.traces):
+        return ReplayResult(section={}, prices={}, plan=[],
+                            missing=["replay: timestamps within 2**62 ns of the 64-bit clock's limit (a damaged "
+                                     "export): not replayed, the replay's sums would overflow"])
     r = Replayer(inp)
     step = r.step_ms(r.base)
     without = {}
