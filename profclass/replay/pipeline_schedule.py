@@ -368,8 +368,8 @@ def bigger_microbatch_ms(st: Stages, k: float, saved_ns: np.ndarray, q: float = 
     if m2 < 1 or abs(m2 - round(m2)) > 1e-9 or (st.v > 1 and round(m2) < st.p):
         return None
     m2 = int(round(m2))
-    gap = float(np.quantile(st.gaps, q)) if len(st.gaps) else 0.0
-    x, x2 = st.floor + gap, st.floor * k + gap
+    x = exchange_cost(st, q)
+    x2 = x + st.floor * (k - 1)
     lean = less_host(st, saved_ns)
     work2 = k * np.clip(lean.work - 2 * st.v * x, 0, None) + 2 * st.v * x2  # k micro-batches' work in one
     return (step_ns(st, st.v, st.m, x) - step_ns(lean, st.v, m2, x2, work=work2)) / 1e6

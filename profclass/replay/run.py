@@ -5,6 +5,7 @@ groups and the chosen fixes (with their table rows); the analyzers do not know i
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -73,17 +74,29 @@ class Replayer:
         _, _, _, own = scenario.node_costs(self.graph, self.captured)
         self.measured_end = _ends(self.graph, self.graph.meas, own, len(self.traces))
         self.base = self.replay(self.captured)
-        # the step without the profiler: fixes are priced and planned from it (the gain is banked
-        # in the job that runs without it, where the host's calls cost less; docs/replay.md)
-        self.untraced = [transforms.untraced(t, w, p) for t, w, p in
-                         zip(self.traces, self.captured, inp.profiler_ns_per_step)]
-        self.untraced_out = self.replay(self.untraced)
         # the pipeline schedule's inputs: PP fixes change the schedule, not the graph's weights.
         # Measured on the capture (``stages``: the schedule's fidelity); the fixes are priced on
-        # ``untraced_stages``, each stage's host time less what the profiler added to it
+        # ``untraced_stages``
         self.stages, self.no_schedule = pipeline_schedule.from_job(self.traces, self.groups, inp.ranks,
                                                                    inp.pipeline, inp.step_ns)
-        self.untraced_stages = None if self.stages is None else pipeline_schedule.less_host(
+
+    # The step without the profiler: fixes are priced and planned from it (the gain is banked in
+    # the job that runs without it, where the host's calls cost less; docs/replay.md). Worked out
+    # on first use: diff's split builds Replayers that never price a fix.
+    @cached_property
+    def untraced(self) -> list:
+        return [transforms.untraced(t, w, p) for t, w, p in
+                zip(self.traces, self.captured, self.inp.profiler_ns_per_step)]
+
+    @cached_property
+    def untraced_out(self) -> scenario.Outcome:
+        return self.replay(self.untraced)
+
+    @cached_property
+    def untraced_stages(self):
+        """The schedule's stages without the profiler: each stage's host time less what the
+        untraced replay takes off it."""
+        return None if self.stages is None else pipeline_schedule.less_host(
             self.stages, stage_saving(self, self.base, self.untraced_out))
 
     def replay(self, weights) -> scenario.Outcome:
