@@ -70,3 +70,19 @@ def test_every_fix_transform_in_the_table_is_one_the_replay_knows():
         for key, value in spec.items():
             if isinstance(value, list):
                 assert len(value) == 3, (spec, key)
+
+
+def test_a_requested_fix_is_also_priced_with_the_profiler_kept():
+    """The gain pairs' traced windows are judged against the fix replayed on the captured step:
+    on a launch-bound 1-GPU capture, CUDA graphs save the traced calls' CUPTI cost too, so the
+    traced run gains more than the untraced one."""
+    import profclass
+    from conftest import profile_path
+
+    d = profclass.diagnose(str(profile_path("graphs_base_1gpu")), price_fixes=("cuda_graphs",))
+    price = d.replay["requested"]["cuda_graphs"]
+    traced = price["traced"]
+    assert traced["basis"].endswith("with the profiler kept")
+    assert price["basis"].endswith("without the profiler's cost")
+    assert traced["low_ms"] <= traced["best_ms"] <= traced["high_ms"]
+    assert traced["best_ms"] > price["best_ms"] > 0

@@ -172,8 +172,11 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     prices = _price(r, chosen + [_requested(i) for i in also if i not in {f["id"] for f in chosen}], table,
                     start, untraced)
     plan = _plan(r, chosen, table, prices, (start, r.step_ms(untraced)), step, measured)
-    if also:  # asked for by id (the gain-pair tables): only then in the section
-        section["requested"] = {i: vars(p) for i, p in prices.items() if i in also}
+    if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
+        # traced run would show (the captured step, profiler kept), for pairs judged on traced windows
+        traced = _price(r, [_requested(i) for i in also], table, r.captured, r.base, traced=True)
+        section["requested"] = {i: {**vars(p), "traced": vars(traced[i]) if i in traced else None}
+                                for i, p in prices.items() if i in also}
     return ReplayResult(section=section, prices=prices, plan=plan, missing=_missing(r))
 
 
@@ -202,10 +205,13 @@ def _requested(item: str) -> dict:
     return {"id": fid, "request": item, "change": {k: float(v) for k, v in change.items()}}
 
 
-def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out: scenario.Outcome) -> dict:
+def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out: scenario.Outcome,
+           traced: bool = False) -> dict:
     """Each fix's gain: the step from ``start`` (weights, replayed as ``start_out``) replayed
-    with the fix's transform at its low, best and high parameters, against it."""
+    with the fix's transform at its low, best and high parameters, against it; the schedule's
+    fixes on the stages without the profiler, or as captured (``traced``)."""
     prices = {}
+    stages = r.stages if traced else r.untraced_stages
     start_ms = r.step_ms(start_out)
     for f in chosen:
         spec = table.get(f["id"], {}).get("transform")
@@ -214,14 +220,15 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         if not spec:
             continue
         if spec["kind"] == pipeline_schedule.KIND:
-            gains = pipeline_schedule.gains_ms(spec, r.untraced_stages) if r.stages is not None else None
+            gains = pipeline_schedule.gains_ms(spec, stages) if r.stages is not None else None
             if gains:
                 prices[f.get("request", f["id"])] = FixPrice(
                     f["id"], round(min(gains.values()), 2), round(gains["best"], 2), round(max(gains.values()), 2),
                     f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
                     f"per-micro-batch work, rest and exchange cost ({_describe(spec)}), against the schedule "
-                    f"simulated at the captured (p, v, m); both without the profiler (each stage's host time "
-                    f"less what the graph replay says CUDA tracing added to it)")
+                    f"simulated at the captured (p, v, m); " + ("both as traced (the profiler kept)" if traced else
+                    "both without the profiler (each stage's host time less what the graph replay says CUDA "
+                    "tracing added to it)"))
             continue
         gains = {}
         rescheduled = spec["kind"] == "fewer_launches" and r.stages is not None
@@ -231,7 +238,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
                 break
             out = r.replay(w)
             if rescheduled:  # fewer micro-batches: the pipeline's bubble grows (the schedule's, not the graph's)
-                gains[point] = _rescheduled_ms(r, spec, start_out, out)
+                gains[point] = _rescheduled_ms(r, spec, start_out, out, stages)
                 if gains[point] is None:
                     break
             else:
@@ -241,7 +248,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         lo, hi = min(gains.values()), max(gains.values())
         basis = (f"replay:{spec['kind']}: the captured step replayed with the fix's transform "
                  f"({_describe(spec) or 'no parameter'}), against the step replayed as captured, both "
-                 f"without the profiler's cost")
+                 + ("with the profiler kept" if traced else "without the profiler's cost"))
         if rescheduled:
             basis += ("; on this pipelined job each stage's host time saved per step is fed to Megatron-Core's "
                       "schedule simulated with micro_batch_factor times fewer, larger micro-batches (the bubble "
@@ -252,7 +259,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
 
 def _rescheduled_on(r: Replayer, spec: dict, weights) -> float | None:
     w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
-    return None if w is None else _rescheduled_ms(r, spec, r.replay(weights), r.replay(w))
+    return None if w is None else _rescheduled_ms(r, spec, r.replay(weights), r.replay(w), r.untraced_stages)
 
 
 def stage_saving(r: Replayer, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarray:
@@ -266,10 +273,11 @@ def stage_saving(r: Replayer, before: scenario.Outcome, after: scenario.Outcome)
     return saved / np.maximum(n, 1)
 
 
-def _rescheduled_ms(r: Replayer, spec: dict, start_out: scenario.Outcome, out: scenario.Outcome) -> float | None:
+def _rescheduled_ms(r: Replayer, spec: dict, start_out: scenario.Outcome, out: scenario.Outcome,
+                    stages) -> float | None:
     """A larger micro-batch on a pipelined job: the graph replay's host time saved per step,
-    per stage, priced by the schedule (without the profiler) with m / k micro-batches."""
-    return pipeline_schedule.bigger_microbatch_ms(r.untraced_stages, float(spec.get("microbatch_factor", 2.0)),
+    per stage, priced by the schedule (``stages``) with m / k micro-batches."""
+    return pipeline_schedule.bigger_microbatch_ms(stages, float(spec.get("microbatch_factor", 2.0)),
                                                   stage_saving(r, start_out, out))
 
 
