@@ -58,6 +58,20 @@ def test_plan_and_gains_never_claim_more_than_the_step(snap):
             assert f["expected_gain_ms"] <= step
 
 
+@pytest.mark.parametrize("snap", DIAGNOSES, ids=lambda p: p.stem)
+def test_the_plan_starts_with_the_largest_replayed_gain(snap):
+    """Best fix first: a schedule change (a PP fix, priced by the simulation) competes with the
+    graph's fixes at every step, so on a pipelined job the first step is the largest price,
+    whichever kind it is (a schedule change taken after the graph's fixes failed this on 7
+    pipelined captures)."""
+    d = json.loads(snap.read_text())
+    priced = [f for f in d["fixes"] if (f.get("gain_basis") or "").startswith("replay:") and f["expected_gain_ms"] > 0]
+    if not d["plan"] or not priced:
+        return
+    best = max(priced, key=lambda f: f["expected_gain_ms"])
+    assert d["plan"][0]["gain_ms"] == pytest.approx(best["expected_gain_ms"], abs=0.011), (best["id"], d["plan"][0])
+
+
 def test_every_fix_transform_in_the_table_is_one_the_replay_knows():
     """data/fixes.toml's transforms are data: each names a kind the replay implements, and each
     uncertain parameter is a [low-gain end, best, high-gain end] triple."""

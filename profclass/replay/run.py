@@ -287,77 +287,86 @@ def _describe(spec: dict) -> str:
 
 def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dict]:
     """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from
-    ``start``: (weights, replayed step ms) of the step without the profiler."""
-    left = [f for f in chosen if f["id"] in prices and prices[f["id"]].best_ms > 0
-            and not _reschedules(r, table[f["id"]]["transform"])]
-    weights, now = start
-    plan = []
-    while left and len(plan) < PLAN_STEPS:
-        trial = []
-        for f in left:
-            w = transforms.apply(table[f["id"]]["transform"], "best", r.traces, weights, r.ctx)
-            if w is None:
-                continue
+    ``start``: (weights, replayed step ms) of the step without the profiler. Each step takes
+    the larger of the best graph fix (replayed on the graph's steps before it) and the best
+    schedule change (a PP fix, or a larger micro-batch on a pipeline: a step delta, simulated on
+    top of the schedule changes before it, so two that shrink the same bubble do not both claim
+    it). The simulation does not see the graph's fixes, nor the graph the schedule's: their
+    gains are taken to add, each schedule delta capped at the step that is left; a schedule
+    step's wall after is the graph's (the change is not replayed on it)."""
+    graph_left = [f for f in chosen if f["id"] in prices and prices[f["id"]].best_ms > 0
+                  and not _reschedules(r, table[f["id"]]["transform"])]
+    sched_left = [f for f in chosen if f["id"] in prices and _reschedules(r, table[f["id"]].get("transform", {}))]
+    weights, graph_now = start
+    now, applied, wall, plan = graph_now, [], None, []
+    while (graph_left or sched_left) and len(plan) < PLAN_STEPS:
+        g = _best_graph_trial(r, graph_left, table, weights)
+        s = _best_schedule_trial(r, sched_left, table, applied, weights)
+        gain_g = graph_now - g[0] if g else float("-inf")
+        gain_s = min(s[0], now) if s else float("-inf")
+        if max(gain_g, gain_s) < PLAN_MIN_GAIN_SHARE * step:
+            break
+        if gain_g >= gain_s:
+            after, f, weights, out = g
+            cp = r.critical_path_ms(out, weights)
+            wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
+            graph_now, now = after, now - gain_g
+            plan.append(dict(id=f["id"], gain_ms=round(gain_g, 2), step_ms_after=round(now - step + measured, 2),
+                             wall_after=wall))
+            graph_left = [x for x in graph_left if x is not f]
+            continue
+        _, f, spec = s
+        if wall is None:  # no graph step before: the wall after is the captured step's
+            cp = r.critical_path_ms(r.base, r.captured)
+            wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
+        now -= gain_s
+        applied.append(spec)
+        plan.append(dict(id=f["id"], gain_ms=round(gain_s, 2), step_ms_after=round(now - step + measured, 2),
+                         wall_after=wall, applied_as=(
+                             "step delta: the pipeline schedule simulated with this change on top of the plan's "
+                             "schedule changes before it, added to the graph's steps" if spec["kind"] == pipeline_schedule.KIND
+                             else "step delta: its host saving replayed on top of the graph's steps before it, priced "
+                                  "by the pipeline schedule simulated with fewer, larger micro-batches")))
+        # more micro-batches and fewer, larger ones are opposite changes: one of them is taken
+        sched_left = [x for x in sched_left if x is not f and not _opposite(table[x["id"]]["transform"], spec)]
+    return plan
+
+
+def _best_graph_trial(r: Replayer, left: list, table: dict, weights):
+    """The graph fix that shortens the replayed step most from ``weights``: (step ms after,
+    fix, weights after, outcome), or None."""
+    trial = []
+    for f in left:
+        w = transforms.apply(table[f["id"]]["transform"], "best", r.traces, weights, r.ctx)
+        if w is not None:
             out = r.replay(w)
             trial.append((r.step_ms(out), f, w, out))
-        if not trial:
-            break
-        after, f, w, out = min(trial, key=lambda x: x[0])
-        if after >= now - PLAN_MIN_GAIN_SHARE * step:
-            break
-        cp = r.critical_path_ms(out, w)
-        plan.append(dict(id=f["id"], gain_ms=round(now - after, 2),
-                         step_ms_after=round(after - step + measured, 2),
-                         wall_after=max(cp, key=lambda k: (cp[k], -WALLS.index(k)))))
-        weights, now = w, after
-        left = [x for x in left if x is not f]
-    return plan + _schedule_steps(r, chosen, table, prices, step, measured, now, len(plan),
-                                  plan[-1]["wall_after"] if plan else None, weights)
+    return min(trial, key=lambda x: x[0]) if trial else None
 
 
-def _schedule_steps(r: Replayer, chosen, table, prices, step, measured, now, done, wall, weights) -> list[dict]:
-    """Schedule changes (PP fixes) after the graph's steps, each applied as a step delta: the
-    schedule simulated with it on top of the schedule changes before it (so two changes that
-    shrink the same bubble do not both claim it), against the schedule without it. The
-    simulation does not see the graph's fixes before it: its delta is added to theirs, capped
-    at the step that is left; the wall after is the graph's (the change is not replayed on it)."""
-    out, applied = [], []
-    left = [table[f["id"]]["transform"] for f in chosen if f["id"] in prices
-            and _reschedules(r, table[f["id"]].get("transform", {}))]
+def _best_schedule_trial(r: Replayer, left: list, table: dict, applied: list, weights):
+    """The schedule change that shortens the simulated step most on top of ``applied``: (gain
+    ms, fix, its transform), or None. A larger micro-batch (fewer of them): its host saving
+    replayed on ``weights`` (the graph's steps so far), priced by the schedule at m / k; the
+    changes after it are simulated on its m / k micro-batches (without its saving, which the
+    simulation's inputs do not hold)."""
     if not left:
-        return []
-    if wall is None:  # no graph step before: the wall after is the captured step's
-        cp = r.critical_path_ms(r.base, r.captured)
-        wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
-    ids = {id(table[f["id"]]["transform"]): f["id"] for f in chosen if f["id"] in prices}
-    while left and done + len(out) < PLAN_STEPS:
-        before = pipeline_schedule.combined_ms(applied, r.untraced_stages)
-        trial = [(before - after, spec) for spec in left if spec["kind"] == pipeline_schedule.KIND
-                 and (after := pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages)) is not None]
-        # a larger micro-batch (fewer of them): its host saving replayed on top of the graph's steps
-        # (``weights``), priced by the schedule at m / k; the changes after it are simulated on its
-        # m / k micro-batches (without its saving, which the simulation's inputs do not hold)
-        trial += [(g, spec) for spec in left if spec["kind"] != pipeline_schedule.KIND
-                  and pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages) is not None
-                  and (g := _rescheduled_on(r, spec, weights)) is not None]
-        if not trial:
-            break
-        gain, spec = max(trial, key=lambda t: t[0])
-        gain = min(gain, now)
-        if gain < PLAN_MIN_GAIN_SHARE * step:
-            break
-        now -= gain
-        applied.append(spec)
-        # more micro-batches and fewer, larger ones are opposite changes: one of them is taken
-        left = [x for x in left if x is not spec and not (_more_microbatches(x) and _fewer_microbatches(spec))
-                and not (_fewer_microbatches(x) and _more_microbatches(spec))]
-        out.append(dict(id=ids[id(spec)], gain_ms=round(gain, 2), step_ms_after=round(now - step + measured, 2),
-                        wall_after=wall, applied_as=(
-                            "step delta: the pipeline schedule simulated with this change on top of the plan's "
-                            "schedule changes before it, added to the graph's steps" if spec["kind"] == pipeline_schedule.KIND
-                            else "step delta: its host saving replayed on top of the graph's steps, priced by the "
-                                 "pipeline schedule simulated with fewer, larger micro-batches")))
-    return out
+        return None
+    before = pipeline_schedule.combined_ms(applied, r.untraced_stages)
+    trial = []
+    for f in left:
+        spec = table[f["id"]]["transform"]
+        if pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages) is None:
+            continue
+        if spec["kind"] == pipeline_schedule.KIND:
+            trial.append((before - pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages), f, spec))
+        elif (g := _rescheduled_on(r, spec, weights)) is not None:
+            trial.append((g, f, spec))
+    return max(trial, key=lambda t: t[0]) if trial else None
+
+
+def _opposite(a: dict, b: dict) -> bool:
+    return (_more_microbatches(a) and _fewer_microbatches(b)) or (_fewer_microbatches(a) and _more_microbatches(b))
 
 
 def _reschedules(r: Replayer, spec: dict) -> bool:
