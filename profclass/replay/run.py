@@ -70,7 +70,7 @@ class Replayer:
         self.ctx = transforms.Context(
             op_groups=op_groups, ep_segments=tuple(collectives.segments(self.traces, insts, "EP")),
             op_colls=op_colls, detachable=detach, transfer=tuple(np.maximum(x, 0) for x in self.transfer),
-            microbatches=inp.microbatches, graph=self.graph, replay=self.replay)
+            microbatches=inp.microbatches, graph=self.graph, replay=self.replay, members=tuple(inp.members))
         _, _, _, own = scenario.node_costs(self.graph, self.captured)
         self.measured_end = _ends(self.graph, self.graph.meas, own, len(self.traces))
         self.base = self.replay(self.captured)

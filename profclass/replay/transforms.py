@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import overlap
-from . import pipeline_schedule
+from . import pipeline_schedule, tp_overlap
 from .constants import TRACED_CALL_NS, TYPICAL_QUANTILE
 from .scenario import Weights, drop_calls, drop_ops
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
@@ -86,6 +86,7 @@ class Context:
     microbatches: int | None = None
     graph: object = None
     replay: object = None
+    members: tuple = ()  # per GPU: group -> member ranks
 
 
 def apply(spec: dict, point: str, traces: list[GpuTrace], weights: list[Weights],
@@ -340,6 +341,7 @@ def detachable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray
 _KINDS = {"scale": _scale, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
           "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
           "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "fewer_launches": _fewer_launches,
-          "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx)}
+          "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx),
+          "tp_overlap": lambda spec, point, traces, weights, ctx: tp_overlap.apply(spec, _pick, point, traces, weights, ctx)}
 # the PP schedule changes are priced by the schedule simulation, not on the graph's weights
 KINDS = tuple(_KINDS) + (pipeline_schedule.KIND,)
