@@ -257,9 +257,10 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
     return prices
 
 
-def _rescheduled_on(r: Replayer, spec: dict, weights) -> float | None:
+def _rescheduled_on(r: Replayer, spec: dict, weights, weights_out: scenario.Outcome) -> float | None:
+    """A larger micro-batch's gain on a pipelined job from ``weights`` (replayed as ``weights_out``)."""
     w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
-    return None if w is None else _rescheduled_ms(r, spec, r.replay(weights), r.replay(w), r.untraced_stages)
+    return None if w is None else _rescheduled_ms(r, spec, weights_out, r.replay(w), r.untraced_stages)
 
 
 def stage_saving(r: Replayer, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarray:
@@ -299,16 +300,20 @@ def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dic
     sched_left = [f for f in chosen if f["id"] in prices and _reschedules(r, table[f["id"]].get("transform", {}))]
     weights, graph_now = start
     now, applied, wall, plan = graph_now, [], None, []
+    weights_out, rescheduled = r.untraced_out, {}  # the graph's current outcome; larger micro-batch gains on it
+    g, graph_moved = None, True  # the best graph trial holds until a graph step moves the weights
     while (graph_left or sched_left) and len(plan) < PLAN_STEPS:
-        g = _best_graph_trial(r, graph_left, table, weights)
-        s = _best_schedule_trial(r, sched_left, table, applied, weights)
+        if graph_moved:
+            g, graph_moved = _best_graph_trial(r, graph_left, table, weights), False
+        s = _best_schedule_trial(r, sched_left, table, applied, weights, weights_out, rescheduled)
         gain_g = graph_now - g[0] if g else float("-inf")
         gain_s = min(s[0], now) if s else float("-inf")
         if max(gain_g, gain_s) < PLAN_MIN_GAIN_SHARE * step:
             break
         if gain_g >= gain_s:
-            after, f, weights, out = g
-            cp = r.critical_path_ms(out, weights)
+            after, f, weights, weights_out = g
+            rescheduled, graph_moved = {}, True  # a larger micro-batch's saving is replayed again
+            cp = r.critical_path_ms(weights_out, weights)
             wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
             graph_now, now = after, now - gain_g
             plan.append(dict(id=f["id"], gain_ms=round(gain_g, 2), step_ms_after=round(now - step + measured, 2),
@@ -344,12 +349,13 @@ def _best_graph_trial(r: Replayer, left: list, table: dict, weights):
     return min(trial, key=lambda x: x[0]) if trial else None
 
 
-def _best_schedule_trial(r: Replayer, left: list, table: dict, applied: list, weights):
+def _best_schedule_trial(r: Replayer, left: list, table: dict, applied: list, weights, weights_out, memo: dict):
     """The schedule change that shortens the simulated step most on top of ``applied``: (gain
     ms, fix, its transform), or None. A larger micro-batch (fewer of them): its host saving
     replayed on ``weights`` (the graph's steps so far), priced by the schedule at m / k; the
     changes after it are simulated on its m / k micro-batches (without its saving, which the
-    simulation's inputs do not hold)."""
+    simulation's inputs do not hold). ``memo``: those gains on the current ``weights`` by fix id
+    (they do not depend on the schedule changes applied)."""
     if not left:
         return None
     before = pipeline_schedule.combined_ms(applied, r.untraced_stages)
@@ -360,8 +366,11 @@ def _best_schedule_trial(r: Replayer, left: list, table: dict, applied: list, we
             continue
         if spec["kind"] == pipeline_schedule.KIND:
             trial.append((before - pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages), f, spec))
-        elif (g := _rescheduled_on(r, spec, weights)) is not None:
-            trial.append((g, f, spec))
+        else:
+            if f["id"] not in memo:
+                memo[f["id"]] = _rescheduled_on(r, spec, weights, weights_out)
+            if memo[f["id"]] is not None:
+                trial.append((memo[f["id"]], f, spec))
     return max(trial, key=lambda t: t[0]) if trial else None
 
 
