@@ -123,7 +123,9 @@ def _window(gpu: GpuTimeline) -> tuple[int, int, int]:
     return int(starts[0]), int(ends[k - 1]), k
 
 
-def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None) -> GpuTrace:
+def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool = True) -> GpuTrace:
+    """``recomputes``: the memory analyzer found a recomputed forward on this GPU (its
+    MIN_RECOMPUTE_RATIO gate); without it no op is taken for one."""
     lo, hi, its = _window(gpu)
     o = gpu.ops
     s_all = o["start"].to_numpy(np.int64)
@@ -139,7 +141,7 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None) -> GpuTrace:
     stream = pd.factorize(ops["stream"].to_numpy(np.int64))[0].astype(np.int64)
     calls = _calls(gpu, lo, hi)
     launch = _launch_index(ops["correlation"].to_numpy(np.int64), ops["launch_start"].to_numpy(np.int64), calls)
-    recomputed = _recomputed(ops, kind, lo, hi)
+    recomputed = _recomputed(ops, kind, lo, hi, recomputes)
     offload = ((kind == COPY) & ops["kind"].astype(str).isin(["HtoD", "DtoH"]).to_numpy()
                & (ops["bytes"].to_numpy(np.int64) >= OFFLOAD_MIN_BYTES) & ops["pinned"].to_numpy(bool))
     e_src, e_dst, source = _event_edges(ops, stream, sync_events, gpu.pid)
@@ -226,11 +228,13 @@ def _launch_index(corr: np.ndarray, launch_start: np.ndarray, calls: pd.DataFram
     return np.where(found, order[pos] if len(cc) else -1, -1).astype(np.int64)
 
 
-def _recomputed(ops: pd.DataFrame, kind: np.ndarray, lo: int, hi: int) -> np.ndarray:
+def _recomputed(ops: pd.DataFrame, kind: np.ndarray, lo: int, hi: int, recomputes: bool) -> np.ndarray:
     """Ops inside the recomputed forward (``recompute.recomputed_spans``): its compute kernels
-    and everything that ran with them (its collectives, copies)."""
+    and everything that ran with them (its collectives, copies). None where the memory analyzer
+    found no recompute (``recomputes``: every forward-only kernel has its backward partner; a
+    pipeline's later micro-batch forwards between backwards look like recompute)."""
     comp = ops[kind == COMPUTE]
-    if comp.empty:
+    if comp.empty or not recomputes:
         return np.zeros(len(ops), bool)
     spans = iv.clip(recomputed_spans(comp), lo, hi)
     if not len(spans[0]):
