@@ -124,8 +124,7 @@ def _window(gpu: GpuTimeline) -> tuple[int, int, int]:
 
 
 def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool = True) -> GpuTrace:
-    """``recomputes``: the memory analyzer found a recomputed forward on this GPU (its
-    MIN_RECOMPUTE_RATIO gate); without it no op is taken for one."""
+    """``recomputes``: the memory analyzer found recompute on this GPU (``_recomputed``)."""
     lo, hi, its = _window(gpu)
     o = gpu.ops
     s_all = o["start"].to_numpy(np.int64)
@@ -229,10 +228,9 @@ def _launch_index(corr: np.ndarray, launch_start: np.ndarray, calls: pd.DataFram
 
 
 def _recomputed(ops: pd.DataFrame, kind: np.ndarray, lo: int, hi: int, recomputes: bool) -> np.ndarray:
-    """Ops inside the recomputed forward (``recompute.recomputed_spans``): its compute kernels
-    and everything that ran with them (its collectives, copies). None where the memory analyzer
-    found no recompute (``recomputes``: every forward-only kernel has its backward partner; a
-    pipeline's later micro-batch forwards between backwards look like recompute)."""
+    """Ops inside the recomputed forward (``recompute.recomputed_spans``): its compute kernels and
+    what ran with them. None where the memory analyzer found no recompute (its MIN_RECOMPUTE_RATIO
+    gate: a pipeline's later micro-batch forwards between backwards look like recompute)."""
     comp = ops[kind == COMPUTE]
     if comp.empty or not recomputes:
         return np.zeros(len(ops), bool)
