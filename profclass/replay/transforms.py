@@ -332,6 +332,33 @@ def _fewer_launches(spec, point, traces, weights, ctx):
                     stream_gap=(w.stream_gap * f).astype(np.int64)) for w in weights]
 
 
+def _ep_overlap(spec, point, traces, weights, ctx):
+    """Megatron's --overlap-moe-expert-parallel-comm: in the steady 1F1B pairs (the forward of
+    micro-batch i + 1 beside the backward of i) each pass's all-to-alls run under the other's
+    compute. Of m micro-batches' 2m passes, 2(m - 1) are paired (the first forward and the last
+    backward have no partner); a pair hides its all-to-alls up to the compute beside them (per
+    GPU: its compute time over its matched EP transfer time, capped at 1). The hidden time is
+    not all won: compute under an all-to-all loses the SMs NCCL's channels hold (``slowdown``
+    s), which costs (s - 1) of it back. Each matched EP collective's transfer scales by
+    1 - f (2 - s), f the hidden fraction."""
+    m = ctx.microbatches
+    if not m or m < 2:
+        return None
+    s = _pick(spec["slowdown"], point)
+    out, hit = [], False
+    for t, w, g, x in zip(traces, weights, ctx.op_groups, ctx.transfer):
+        ep = (t.ops.kind == COMM) & (g == "EP") & (x > 0)
+        transfer = float((x[ep] * w.transfer_scale[ep]).sum())
+        if not ep.any() or transfer <= 0:
+            out.append(w)
+            continue
+        hit = True
+        compute = float(w.op_dur[t.ops.kind == COMPUTE].sum())
+        f = (m - 1) / m * min(1.0, compute / transfer)
+        out.append(replace(w, transfer_scale=np.where(ep, w.transfer_scale * (1 - f * (2 - s)), w.transfer_scale)))
+    return out if hit else None
+
+
 def detachable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray:
     """The ops a scenario may move off their stream: the data-parallel gradient reductions
     (``overlap.MOVABLE``); the graph keeps their stream order as a cuttable edge."""
@@ -342,6 +369,7 @@ _KINDS = {"scale": _scale, "drop_recomputed": _drop_recomputed, "cuda_graphs": _
           "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
           "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "fewer_launches": _fewer_launches,
           "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx),
+          "ep_overlap": _ep_overlap,
           "tp_overlap": lambda spec, point, traces, weights, ctx: tp_overlap.apply(spec, _pick, point, traces, weights, ctx)}
 # the PP schedule changes are priced by the schedule simulation, not on the graph's weights
 KINDS = tuple(_KINDS) + (pipeline_schedule.KIND,)

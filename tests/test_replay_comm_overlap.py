@@ -1,5 +1,5 @@
-"""The tp_overlap transform (Megatron's --tp-comm-overlap) on one stream worked out by hand, and
-priced on real TP captures."""
+"""The tp_overlap (Megatron's --tp-comm-overlap) and ep_overlap (--overlap-moe-expert-parallel-comm)
+transforms worked out by hand, and priced on real captures."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -80,3 +80,44 @@ def test_tp_overlap_priced_on_a_capture_within_its_tp_transfers(name):
     tp = [((g == "TP") & (x > 0)) for g, x in zip(r.ctx.op_groups, r.ctx.transfer)]
     per_gpu = [x[s].sum() / t.iterations / 1e6 for x, s, t in zip(r.ctx.transfer, tp, r.traces)]
     assert p["high_ms"] <= max(per_gpu)
+
+
+EP_SPEC = {"kind": "ep_overlap", "slowdown": [1.32, 1.22, 1.0]}
+
+
+def _ep_layer(microbatches):
+    """One stream: a 10 ms expert GEMM, a 4 ms EP all-to-all, a 10 ms GEMM, a 4 ms EP all-to-all,
+    a 2 ms TP all-reduce: 20 ms of compute beside 8 ms of EP transfers."""
+    durs, kinds = [10, 4, 10, 4, 2], [COMPUTE, COMM, COMPUTE, COMM, COMM]
+    starts = np.cumsum([0] + durs[:-1])
+    t = _trace([(s * MS, d * MS, 0, k, -1, 0, 0) for s, d, k in zip(starts, durs, kinds)], [])
+    groups = np.array(["", "EP", "", "EP", "TP"], object)
+    transfer = np.where(np.array(kinds) == COMM, np.array(durs) * MS, 0).astype(np.int64)
+    ctx = transforms.Context(op_groups=(groups,), ep_segments=(np.full(5, -1),), op_colls=(groups,),
+                             transfer=(transfer,), microbatches=microbatches)
+    return t, ctx
+
+
+@pytest.mark.parametrize("m, point, left", [
+    (2, "high", 0.5),  # half the passes paired, all of it hidden (20 ms of compute > 8): 1 - 1/2
+    (4, "high", 0.25),  # 3 of 4 pairs: 1 - 3/4
+    (4, "best", 1 - 0.75 * (2 - 1.22)),  # the hidden part pays 22% back in slower compute
+])
+def test_ep_all_to_alls_hide_in_the_paired_passes(m, point, left):
+    t, ctx = _ep_layer(m)
+    w = transforms.apply(EP_SPEC, point, [t], [captured(t)], ctx)[0]
+    assert w.transfer_scale[[1, 3]] == pytest.approx([left, left])
+    assert w.transfer_scale[4] == 1.0 and (w.op_dur == t.ops.dur).all()
+
+
+def test_ep_overlap_hides_no_more_than_the_compute_beside_it():
+    t, ctx = _ep_layer(2)
+    t = replace(t, ops=replace(t.ops, dur=np.array([2, 4, 2, 4, 2]) * MS))  # 4 ms of compute, 8 of EP
+    w = transforms.apply(EP_SPEC, "high", [t], [captured(t)], ctx)[0]
+    assert w.transfer_scale[1] == pytest.approx(1 - 0.5 * 4 / 8)
+
+
+@pytest.mark.parametrize("m", [None, 1])
+def test_ep_overlap_needs_two_micro_batches_to_pair(m):
+    t, ctx = _ep_layer(m)
+    assert transforms.apply(EP_SPEC, "best", [t], [captured(t)], ctx) is None
