@@ -313,8 +313,7 @@ def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dic
         if gain_g >= gain_s:
             after, f, weights, weights_out = g
             rescheduled, graph_moved = {}, True  # a larger micro-batch's saving is replayed again
-            cp = r.critical_path_ms(weights_out, weights)
-            wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
+            wall = _largest_wall(r.critical_path_ms(weights_out, weights))
             graph_now, now = after, now - gain_g
             plan.append(dict(id=f["id"], gain_ms=round(gain_g, 2), step_ms_after=round(now - step + measured, 2),
                              wall_after=wall))
@@ -322,8 +321,7 @@ def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dic
             continue
         _, f, spec = s
         if wall is None:  # no graph step before: the wall after is the captured step's
-            cp = r.critical_path_ms(r.base, r.captured)
-            wall = max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
+            wall = _largest_wall(r.critical_path_ms(r.base, r.captured))
         now -= gain_s
         applied.append(spec)
         plan.append(dict(id=f["id"], gain_ms=round(gain_s, 2), step_ms_after=round(now - step + measured, 2),
@@ -335,6 +333,11 @@ def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dic
         # more micro-batches and fewer, larger ones are opposite changes: one of them is taken
         sched_left = [x for x in sched_left if x is not f and not _opposite(table[x["id"]]["transform"], spec)]
     return plan
+
+
+def _largest_wall(cp: dict) -> str:
+    """The wall with the most time on a critical path (ties: WALLS' order)."""
+    return max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
 
 
 def _best_graph_trial(r: Replayer, left: list, table: dict, weights):
@@ -362,10 +365,11 @@ def _best_schedule_trial(r: Replayer, left: list, table: dict, applied: list, we
     trial = []
     for f in left:
         spec = table[f["id"]]["transform"]
-        if pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages) is None:
+        after = pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages)
+        if after is None:
             continue
         if spec["kind"] == pipeline_schedule.KIND:
-            trial.append((before - pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages), f, spec))
+            trial.append((before - after, f, spec))
         else:
             if f["id"] not in memo:
                 memo[f["id"]] = _rescheduled_on(r, spec, weights, weights_out)

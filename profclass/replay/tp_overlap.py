@@ -28,12 +28,16 @@ TP_GROUPS = ("TP", "ETP")
 NEIGHBOUR_OPS = 4
 
 
-def _nearest_gemm(t, step: int) -> np.ndarray:
-    """Per op: the nearest GEMM on its stream, ``step`` = +1 after it, -1 before it, within
-    NEIGHBOUR_OPS ops and with no collective between; -1 where there is none."""
+def _nearest_gemms(t) -> tuple[np.ndarray, np.ndarray]:
+    """Per op: the nearest GEMM on its stream after it and before it, within NEIGHBOUR_OPS ops
+    and with no collective between; -1 where there is none."""
     order = np.lexsort((t.ops.start, t.ops.stream))  # ops by stream, then time
     pos = np.empty(t.n_ops, np.int64)
     pos[order] = np.arange(t.n_ops)
+    return _nearest_gemm(t, order, pos, +1), _nearest_gemm(t, order, pos, -1)
+
+
+def _nearest_gemm(t, order: np.ndarray, pos: np.ndarray, step: int) -> np.ndarray:
     found = np.full(t.n_ops, -1, np.int64)
     blocked = np.zeros(t.n_ops, bool)
     for k in range(1, NEIGHBOUR_OPS + 1):
@@ -61,7 +65,7 @@ def apply(spec, pick, point, traces, weights, ctx):
         gather = sel & (colls == "all_gather")
         scatter = sel & (colls == "reduce_scatter")
         allred = sel & (colls == "all_reduce")
-        after, before = _nearest_gemm(t, +1), _nearest_gemm(t, -1)
+        after, before = _nearest_gemms(t)
         dur = w.op_dur.astype(np.float64)
         hide = (n - 1) / n
 
