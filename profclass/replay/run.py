@@ -177,7 +177,19 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         traced = _price(r, [_requested(i) for i in also], table, r.captured, r.base, traced=True)
         section["requested"] = {i: {**vars(p), "traced": vars(traced[i]) if i in traced else None}
                                 for i, p in prices.items() if i in also}
-    return ReplayResult(section=section, prices=prices, plan=plan, missing=_missing(r))
+    missing = _missing(r)
+    if verdict_wall == "host" and len(r.traces) > 1:
+        missing.append(_untraced_caveat(section["untraced_step_ms"], measured))
+    return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
+
+
+def _untraced_caveat(untraced: float, measured: float) -> str:
+    """What the step without the profiler leaves out on a host-paced multi-rank job (measured:
+    fixtures/notes.md, "The profiler's cost inside a Megatron job")."""
+    return (f"replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step "
+            f"({100 * (1 - untraced / measured):.0f}%); host-paced 4-rank Megatron jobs ran 13-37% slower traced "
+            f"than untraced on one machine, most of it not per call, so the step without the profiler is "
+            f"likely shorter than untraced_step_ms")
 
 
 def _graph_facts(r: Replayer, its: list[int]) -> dict:
