@@ -26,7 +26,7 @@ def _trace(ops: list[tuple], calls: list[tuple], events=(), threads=(), lo=0) ->
     return GpuTrace(
         lo=lo, hi=int(max(o[:, 0].max(initial=0), c[:, 0].max(initial=0))) + 1, iterations=1,
         ops=Ops(start=o[:, 0], dur=o[:, 1], stream=o[:, 2], kind=o[:, 3].astype(np.int8),
-                gemm=np.zeros(n, bool), elementwise=np.zeros(n, bool), recomputed=np.zeros(n, bool),
+                gemm=np.zeros(n, bool), fusion=np.zeros(n, np.int8), recomputed=np.zeros(n, bool),
                 offload=np.zeros(n, bool), launch=o[:, 4], launch_lag=o[:, 5], stream_gap=o[:, 6]),
         calls=Calls(c_start=c[:, 0], c_dur=c[:, 1], c_tid=c[:, 2], c_kind=c[:, 3].astype(np.int8),
                     c_gap=c[:, 4], c_gc=np.zeros(m, np.int64), c_target=c[:, 5], c_wake=c[:, 6],

@@ -15,13 +15,21 @@ from .sets import WindowSets, clipped_set, name_matches
 
 SMALL_GEMMS_SM_BUSY = 0.6  # SMs busier than this while compute runs: kernels fill the GPU
 SMALL_GEMMS_KERNELS_PER_STEP = 2000
-# the unfused kernels each named fusion flag replaces, by kernel-name family (docs/fixes.md):
-# --bias-activation-fusion / swiglu (activation and its backward), --masked-softmax-fusion
-# (mask fill + softmax), --apply-rope-fusion, --moe-permute-fusion (index/scatter/gather of the
-# token permutation), --cross-entropy-loss-fusion, --bias-dropout-fusion
-FUSION_FAMILIES = re.compile(
-    r".*(?:silu|gelu|swiglu|geglu|masked_fill|softmax|SoftMax|rotary|rope_|indexFunc|index_elementwise"
-    r"|scatter_gather|log_softmax|nll_loss|cross_entropy|dropout|bernoulli)")
+# the unfused kernels each named fusion flag replaces, by kernel-name family (docs/fixes.md), in
+# the order a name is tried (the loss's log_softmax before attention's softmax): the flag, and
+# the key a fix's ``fuse`` transform switches it by
+FUSION_FLAGS = (
+    ("cross_entropy", "--cross-entropy-loss-fusion", r"log_softmax|LogSoftMax|nll_loss|cross_entropy"),
+    ("softmax", "--masked-softmax-fusion", r"masked_fill|softmax|SoftMax"),  # mask fill + softmax
+    ("activation", "--bias-activation-fusion", r"silu|gelu|swiglu|geglu"),  # and their backward
+    ("rope", "--apply-rope-fusion", r"rotary|rope_"),
+    ("dropout", "--bias-dropout-fusion", r"dropout|bernoulli"),
+    ("permute", "--moe-permute-fusion", r"indexFunc|index_elementwise|scatter_gather"),  # token permutation
+)
+FUSION_FAMILIES = re.compile(".*(?:" + "|".join(p for _, _, p in FUSION_FLAGS) + ")")
+# PyTorch's generic pointwise kernels: the other links of a chain a fusion flag replaces (the bias
+# add before an activation, the GLU's multiply after it, the scale before a mask)
+POINTWISE = re.compile(r".*elementwise_kernel")
 # kernels that run once per step, whatever the micro-batch count: the optimizer and the
 # gradient norm/clip/scale passes (PyTorch and Apex/TE multi-tensor kernels, fused Adam)
 PER_STEP_KERNELS = re.compile(r".*(?:multi_tensor|[Ff]used[_]?[Aa]dam|adam_kernel|AdamFunctor|l2norm)")
@@ -32,13 +40,22 @@ FUSION_SAVES = 0.5  # a fused chain of two memory-bound passes reads and writes 
 FP8_SPEEDUP, FP8_SPEEDUP_LOW, FP8_SPEEDUP_HIGH = 1.42, 1.2, 2.0
 
 
+def fusion_codes(names) -> np.ndarray:
+    """Per kernel name: 1 + the index in ``FUSION_FLAGS`` of the flag that fuses it, -1 for
+    another generic pointwise kernel, 0 for the rest."""
+    code = np.where(name_matches(names, POINTWISE), -1, 0).astype(np.int8)
+    for i, (_, _, pattern) in enumerate(FUSION_FLAGS):
+        code[name_matches(names, re.compile(f".*(?:{pattern})")) & (code <= 0)] = i + 1
+    return code
+
+
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ComputeResult:
     comp = sets.compute_ops
     r = ComputeResult(compute_ns=iv.total(sets.compute),
                       gemm_ns=iv.total(clipped_set(comp[comp["is_gemm"]], sets.lo, sets.hi)),
                       exposed_copy_ns=iv.total(iv.subtract(sets.copies, sets.compute_or_comm)),
                       fp8_kernels=int(sets.kernels["is_fp8"].sum()))
-    r.fusible_ns = _clipped_ns(comp[name_matches(comp["name"], FUSION_FAMILIES)], sets.lo, sets.hi)
+    r.fusible_ns = _clipped_ns(comp[name_matches(comp["full_name"], FUSION_FAMILIES)], sets.lo, sets.hi)
     r.per_step_kernel_ns = _clipped_ns(comp[name_matches(comp["name"], PER_STEP_KERNELS)], sets.lo, sets.hi)
     _utilisation(r, gpu, prof, sets)
     return r

@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import intervals as iv
 from ..analyzers.communication import BACKWARD_SHARE, NCCL_LAUNCH_MS
+from .scenario import stream_neighbours
 from .trace import COMM, COMPUTE, GpuTrace
 
 MOVABLE_GROUPS = ("DP", "EDP")  # the gradient reductions' groups
@@ -89,7 +90,7 @@ def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, t
     c, k, T = c[keep], k[keep], own[keep] + extra
     k1 = np.minimum(np.searchsorted(cum, cum[k] - window * (1 - 1 / buckets), side="left"), k)
     gap = w.stream_gap[c]
-    prev = _stream_prev(t)[c]
+    prev = stream_neighbours(t)[0][c]
     # a reduction that followed another collective on its stream stays behind it (a
     # communication stream runs its collectives in order); one that followed compute leaves it
     chained = (prev >= 0) & (t.ops.kind[np.clip(prev, 0, None)] == COMM)
@@ -104,15 +105,6 @@ def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, t
                    op_dur=np.where(sel & ~is_m, (w.op_dur * share).astype(np.int64), w.op_dur),
                    detached=detached, ahead=ahead, ready_src=np.concatenate([w.ready_src, src]),
                    ready_dst=np.concatenate([w.ready_dst, dst]), ready_lag=np.concatenate([w.ready_lag, lag])), detached
-
-
-def _stream_prev(t: GpuTrace) -> np.ndarray:
-    """Each op's predecessor on its stream (-1 for a stream's first)."""
-    order = np.lexsort((t.ops.start, t.ops.stream))
-    prev = np.full(t.n_ops, -1, np.int64)
-    same = t.ops.stream[order][1:] == t.ops.stream[order][:-1]
-    prev[order[1:][same]] = order[:-1][same]
-    return prev
 
 
 def _contended(traces, weights, moved, slowdown: float, ctx):

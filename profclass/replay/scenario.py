@@ -215,3 +215,12 @@ def call_walls(t: GpuTrace) -> np.ndarray:
     w[(t.calls.c_kind == ALLOC) | t.calls.c_recomputed] = WALLS.index("memory")
     return w
 
+
+def stream_neighbours(t: GpuTrace) -> tuple[np.ndarray, np.ndarray]:
+    """Each op's predecessor and successor on its stream (-1 at a stream's ends)."""
+    order = np.lexsort((t.ops.start, t.ops.stream))
+    prev, nxt = np.full(t.n_ops, -1, np.int64), np.full(t.n_ops, -1, np.int64)
+    same = t.ops.stream[order][1:] == t.ops.stream[order][:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    nxt[order[:-1][same]] = order[1:][same]
+    return prev, nxt

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .. import intervals as iv
-from ..analyzers.compute import FUSION_FAMILIES
+from ..analyzers.compute import fusion_codes
 from ..analyzers.host import GC_RANGES
 from ..analyzers.idle import ALLOC_CALLS, OFFLOAD_MIN_BYTES, SYNC_CALLS
 from ..analyzers.recompute import recomputed_spans
@@ -45,7 +45,7 @@ class Ops:
     stream: np.ndarray  # stream codes (0..)
     kind: np.ndarray  # COMPUTE / COMM / COPY / MEMSET
     gemm: np.ndarray  # bool
-    elementwise: np.ndarray  # bool: fusion candidates (compute.FUSION_FAMILIES)
+    fusion: np.ndarray  # int8: 1 + the fusion flag that replaces it (compute.FUSION_FLAGS), -1 other pointwise, 0
     recomputed: np.ndarray  # bool: inside the recomputed forward (memory wall)
     offload: np.ndarray  # bool: host<->device activation/optimizer offload copies (memory wall)
     launch: np.ndarray  # index of the launching call, -1 when outside the window/unknown
@@ -168,7 +168,7 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
     return GpuTrace(
         lo=lo, hi=hi, iterations=its,
         ops=Ops(start=start, dur=end - start, stream=stream, kind=kind, gemm=ops["is_gemm"].to_numpy(bool),
-                elementwise=_elementwise(ops, kind), recomputed=recomputed, offload=offload, launch=launch,
+                fusion=_fusion(ops, kind), recomputed=recomputed, offload=offload, launch=launch,
                 launch_lag=lags, stream_gap=gaps, name=name_code),
         calls=Calls(**c), edges=Edges(e_src=e_src, e_dst=e_dst, e_lag=e_lag, e_from_start=from_start, **h),
         edge_source=source, measured_end=measured_end, unexplained_ns=unexplained, names=names)
@@ -242,10 +242,9 @@ def _recomputed(ops: pd.DataFrame, kind: np.ndarray, lo: int, hi: int, recompute
     return (k >= 0) & (s < spans[1][np.clip(k, 0, None)])
 
 
-def _elementwise(ops: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
-    """Compute kernels of the families a fusion flag replaces (``compute.FUSION_FAMILIES``)."""
-    return (np.asarray(name_matches(ops["name"], FUSION_FAMILIES), bool) & (kind == COMPUTE)
-            & ~ops["is_gemm"].to_numpy(bool))
+def _fusion(ops: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
+    """Per op: the fusion flag that replaces it (``compute.fusion_codes``); GEMMs and others 0."""
+    return np.where((kind == COMPUTE) & ~ops["is_gemm"].to_numpy(bool), fusion_codes(ops["full_name"]), 0).astype(np.int8)
 
 
 def _event_edges(ops: pd.DataFrame, stream: np.ndarray, ev: pd.DataFrame | None, pid: int):

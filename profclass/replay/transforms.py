@@ -16,7 +16,8 @@ import numpy as np
 from . import overlap
 from . import pipeline_schedule, tp_overlap
 from .constants import TRACED_CALL_NS, TYPICAL_QUANTILE
-from .scenario import Weights, drop_calls, drop_ops
+from ..analyzers.compute import FUSION_FLAGS
+from .scenario import Weights, drop_calls, drop_ops, stream_neighbours
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
 
 POINTS = ("low", "best", "high")
@@ -31,8 +32,6 @@ def _pick(param, point: str) -> float:
 def _selected_ops(t: GpuTrace, which: str, groups: np.ndarray | None) -> np.ndarray:
     if which == "gemm":
         return t.ops.gemm & (t.ops.kind == COMPUTE)
-    if which == "fusable":
-        return t.ops.elementwise
     if which == "compute":
         return t.ops.kind == COMPUTE
     if which.startswith("group:"):
@@ -112,6 +111,26 @@ def _scale(spec, point, traces, weights, ctx):
             out.append(replace(w, op_dur=np.where(sel, (w.op_dur * f).astype(np.int64), w.op_dur)))
     if hit and spec.get("unblock") == "small_d2h":
         out = _unblock(spec, point, traces, out, ctx)
+    return out if hit else None
+
+
+def _fuse(spec, point, traces, weights, ctx):
+    """Each chain a switched-on fusion flag replaces runs at ``factor`` of its time: a kernel of
+    the flag's family (``compute.FUSION_FLAGS``; spec key = 1 fuses it, 0 keeps it) and the
+    generic pointwise kernels next to it on its stream (its chain's other links). The launches
+    stay: a compiled fusion is still one launch per call, plus its dispatch."""
+    f = _pick(spec["factor"], point)
+    on = [i + 1 for i, (key, _, _) in enumerate(FUSION_FLAGS) if spec.get(key, 1.0)]
+    out, hit = [], False
+    for t, w in zip(traces, weights):
+        chain = np.isin(t.ops.fusion, on)
+        if chain.any():
+            hit = True
+            for nb in stream_neighbours(t):
+                links = nb[chain]
+                links = links[links >= 0]
+                chain[links[t.ops.fusion[links] == -1]] = True
+        out.append(replace(w, op_dur=np.where(chain, (w.op_dur * f).astype(np.int64), w.op_dur)))
     return out if hit else None
 
 
@@ -365,7 +384,7 @@ def detachable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray
     return overlap.movable(t, groups, colls)
 
 
-_KINDS = {"scale": _scale, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
+_KINDS = {"scale": _scale, "fuse": _fuse, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
           "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
           "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "fewer_launches": _fewer_launches,
           "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx),
