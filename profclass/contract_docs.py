@@ -67,8 +67,9 @@ with `missing`:
   `sync_call_ns`, `alloc_calls`, `alloc_call_ns`: 0 when the CUDA runtime API was not traced
   (`missing` names the runtime table), and so is `graph_launches`; the idle then lands mostly in
   `idle_other_ns`.
-- `devices[].features.gc_ns` (and the `gc` fix's gain): 0 unless the training code marks garbage
-  collection with NVTX ranges.
+- `devices[].features.gc_ns`: 0 unless the training code marks garbage collection with NVTX
+  ranges; without them (since 2.6.0) `pause_ns` holds the launching threads' pauses outside the
+  steps' rhythm, which the `gc` fix's gain then prices, and 0 there means no such pause.
 - `devices[].features.recompute_ratio`, `recompute_ns`: 0 when no forward/backward kernel pairs
   are found by name (kernels without a forward/backward naming).
 - `window.step_ms.std`, diff `base.step_ms.std`, `step.base_std_ms`, `step.candidate_std_ms`:

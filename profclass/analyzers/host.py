@@ -16,6 +16,44 @@ from .sets import WindowSets, clipped_set, contains_per_distinct, name_matches
 GRAPH_LAUNCH = re.compile(r"cudaGraphLaunch|cuGraphLaunch")  # str.startswith, as a match
 GC_RANGES = re.compile(r"(?:^|\W)(?:gc|garbage|collect)(?:\W|$)", re.I)
 LAUNCH_BOUND_SHARE = 0.2  # this share of kernels shorter than their launch: launch-bound
+# a pause: a stretch with no CUDA call on the launching thread this much longer than the thread's
+# longest stretches of a step. Above the step-to-step jitter of those stretches (a few ms) and
+# below one collection of CPython's oldest generation over a training process's heap (>= 10^6
+# tracked objects at tens of ns each: tens to hundreds of ms); docs/fixes.md, "Unmarked pauses"
+PAUSE_MIN_NS = 20_000_000
+
+
+def host_pauses(gaps: np.ndarray, iterations: int) -> np.ndarray:
+    """Per gap (ns of CPU time between one thread's CUDA calls): the part that is a pause
+    outside the steps' rhythm. Every step has its own longest stretches (the optimizer's
+    Python, the data); the reference is the median of the thread's ``iterations`` longest gaps
+    (one a step, were the steps alike), so a pause in fewer than half of the steps stands out:
+    a gap over the reference by more than PAUSE_MIN_NS and more than the reference itself is a
+    pause of its excess. Needs 3 steps (with 2 the median is the pause's own half)."""
+    n = len(gaps)
+    if iterations < 3 or n < iterations:
+        return np.zeros(n, np.int64)
+    ref = float(np.median(np.partition(gaps, n - iterations)[n - iterations:]))
+    excess = gaps - ref
+    return np.where(excess > max(PAUSE_MIN_NS, ref), excess, 0).astype(np.int64)
+
+
+def _pause_ns(gpu: GpuTimeline, lo: int, hi: int) -> int:
+    """Pauses (``host_pauses``) of the threads that launched the window's ops: the most any of
+    them shows (a collection holds the interpreter; a thread waiting in a CUDA call hides it)."""
+    rt = gpu.runtime
+    if rt.empty or len(gpu.steady) < 3:
+        return 0
+    start = rt["start"].to_numpy(np.int64)
+    w = rt[(start >= lo) & (start < hi)].sort_values(["tid", "start"], kind="stable")
+    launching = np.unique(w["tid"].to_numpy()[w["correlation"].isin(gpu.ops["correlation"]).to_numpy(bool)])
+    most = 0
+    for tid in launching:
+        mine = w[w["tid"].to_numpy() == tid]
+        s, e = mine["start"].to_numpy(np.int64), mine["end"].to_numpy(np.int64)
+        gaps = np.clip(s[1:] - np.maximum.accumulate(e)[:-1], 0, None)
+        most = max(most, int(host_pauses(gaps, len(gpu.steady)).sum()))
+    return most
 
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
@@ -29,7 +67,8 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
                       launch_bound_kernel_ns=int((lb["end"] - lb["start"]).sum()),
                       graph_kernels=int((kern["graph_node"] != 0).sum()),
                       graph_launches=int((in_w & name_matches(rt["name"], GRAPH_LAUNCH)).sum()),
-                      gc_ns=iv.total(clipped_set(gcr, lo, hi)) if not gcr.empty else 0)
+                      gc_ns=iv.total(clipped_set(gcr, lo, hi)) if not gcr.empty else 0,
+                      pause_ns=_pause_ns(gpu, lo, hi) if gcr.empty else 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,13 +86,16 @@ def _host_spread(n: dict) -> Gain | None:
                 f"slowest rank's host time {max(ranks):.1f} minus the median rank's {float(np.median(ranks)):.1f} ms/step")
 
 
-GAINS = {"gc": lambda n: removed("gc", min(n["gc_ms"], n["host_ms"]), "garbage-collection time"),
+GAINS = {"gc": lambda n: removed("gc", min(n["gc_ms"], n["host_ms"]), "garbage-collection time" if n["gc_marked"]
+                                  else "host pauses outside the steps' rhythm (no GC ranges in the profile)"),
          "host_spread": _host_spread}
 
 def numbers(job: Job) -> dict:
     ranks = [walls.get("host", 0) / r.iterations / 1e6 for walls, r in zip(job.walls.gpu_ns, job.records)]
     pp = str(job.flags.get("--pipeline-model-parallel-size", "1"))
-    return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns), host_ms=job.walls_ns["host"] / 1e6,
+    marked = any(r.analysis.host.gc_ns for r in job.records)
+    return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns if marked else a.host.pause_ns), gc_marked=marked,
+                host_ms=job.walls_ns["host"] / 1e6,
                 host_rank_ms=ranks if len(ranks) > 1 else None, pp_from_flags=int(pp) if pp.isdigit() else 1)
 
 
@@ -64,8 +106,18 @@ def facts(job: Job, numbers: dict) -> dict:
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
     per_step = float(np.mean([r.analysis.host.launch_bound_kernels / r.iterations for r in job.records]))
-    return [evidence_row("host", "kernels shorter than their launch", per_step, "per step",
+    rows = [evidence_row("host", "kernels shorter than their launch", per_step, "per step",
                          "launch-bound kernels")]
+    if not numbers["gc_marked"] and numbers["gc_ms"] > 0:
+        i = int(np.argmax([r.analysis.host.pause_ns for r in job.records]))
+        worst = job.records[i]
+        rows.append(evidence_row(
+            "host", "pauses outside the steps' rhythm (no CUDA call; Python's garbage collector is the usual cause)",
+            numbers["gc_ms"], "ms/step",
+            f"the launching thread's stretches with no CUDA call over its typical longest one by > "
+            f"{PAUSE_MIN_NS / 1e6:.0f} ms; most on rank {getattr(worst.gpu, 'rank', i)}: {worst.analysis.host.pause_ns / 1e6:.1f} ms "
+            f"in {worst.iterations} steps, a rate a short window cannot pin down"))
+    return rows
 
 
 ANALYZER = Analyzer(name="host", about="launch-bound kernels, CUDA graphs, garbage collection",

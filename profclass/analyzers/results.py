@@ -73,6 +73,7 @@ class HostResult:
     graph_kernels: int = 0
     graph_launches: int = 0
     gc_ns: int = 0  # inside NVTX ranges named like garbage collection
+    pause_ns: int = 0  # without such ranges: the launching thread's pauses (host.host_pauses)
 
 
 @dataclass

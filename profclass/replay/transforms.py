@@ -17,6 +17,7 @@ from . import overlap
 from . import pipeline_schedule, tp_overlap
 from .constants import TRACED_CALL_NS, TYPICAL_QUANTILE
 from ..analyzers.compute import FUSION_FLAGS
+from ..analyzers.host import host_pauses
 from .scenario import Weights, drop_calls, drop_ops, stream_neighbours
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
 
@@ -203,11 +204,24 @@ def _cuda_graphs(spec, point, traces, weights, ctx):
 
 
 def _remove_gc(spec, point, traces, weights, ctx):
+    """The collector's time leaves the host's gaps: inside its NVTX ranges where the profile has
+    them, else each launching thread's pauses outside the steps' rhythm (``host.host_pauses``)."""
     share = _pick(spec.get("removed", 1.0), point)
-    if not any(t.calls.c_gc.any() for t in traces):
-        return None
-    return [replace(w, c_gap=np.maximum(w.c_gap - (t.calls.c_gc * share).astype(np.int64), 0))
-            for t, w in zip(traces, weights)]
+    gc = [t.calls.c_gc for t in traces]
+    if not any(g.any() for g in gc):
+        gc = [_pauses(t) for t in traces]
+        if not any(g.any() for g in gc):
+            return None
+    return [replace(w, c_gap=np.maximum(w.c_gap - (g * share).astype(np.int64), 0))
+            for g, w in zip(gc, weights)]
+
+
+def _pauses(t: GpuTrace) -> np.ndarray:
+    out = np.zeros(len(t.calls.c_gap), np.int64)
+    for tid in np.unique(t.calls.c_tid):
+        mine = np.flatnonzero(t.calls.c_tid == tid)
+        out[mine] = host_pauses(t.calls.c_gap[mine], t.iterations)
+    return out
 
 
 def _unblock(spec, point, traces, weights, ctx):
