@@ -49,7 +49,9 @@ def test_pairs_name_real_fixes_and_profiles():
 UNCOVERED = {"fp8_base_1gpu", "grouped_base_1gpu", "gc_base_1gpu", "graphs2_base_1gpu", "fp82_base_1gpu",
              "gc2_base_1gpu",
              # its 4 -> 16 micro-batch pair: the share model prices a doubling (the replay takes the pair's factor)
-             "mcore_wrapped_dense_tp2_pp2"}
+             "mcore_wrapped_dense_tp2_pp2",
+             # call J: --bias-activation-fusion with TorchDynamo off ran Megatron's fused SwiGLU eagerly (a loss)
+             "mcore_gb_pp4s_m8->gb_pp4s_m8_baf", "mcore_dense_tp2sp_pp2->tp2sp_pp2_baf"}
 
 
 def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows, diagnosis):
@@ -64,11 +66,12 @@ def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows,
             continue
         if not r["ok"]:
             assert f"`{p['base']}`" in doc, f"{p['base']}: the miss is not explained"
-            if p["base"] in UNCOVERED:
+            if p["base"] in UNCOVERED or f"{p['base']}->{p['candidate']}" in UNCOVERED:
                 assert not r["covered"], f"{p['base']}: now inside its range: drop it from UNCOVERED"
             else:
                 assert r["covered"], f"{p['base']}: realized {r['realized']:.1f} outside the predicted range"
-    assert UNCOVERED <= {r["pair"]["base"] for r in rows if not r["ok"]}
+    assert UNCOVERED <= ({r["pair"]["base"] for r in rows if not r["ok"]}
+                         | {f"{r['pair']['base']}->{r['pair']['candidate']}" for r in rows if not r["ok"]})
 
 
 def test_priced_pairs_meet_the_target_where_captures_are_consistent(rows):
@@ -120,15 +123,15 @@ def test_untraced_reruns_are_whole_and_paired():
         assert u["base"] != u["candidate"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met by the share models: 30 of "
-                   "50, all judged without the profiler; the misses explained in docs/fixes.md (replicates that "
+@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met by the share models: 32 of "
+                   "54, all judged without the profiler; the misses explained in docs/fixes.md (replicates that "
                    "disagree by more than the error, collector pauses, gains priced on the traced host)")
 def test_issue_target_80_percent_of_pairs(rows):
     assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
 
 
 @pytest.mark.xfail(strict=True, reason="issue 30's target (80% of the replayed pairs within max(15%, 3% of the "
-                   "step)) is not met: 26 of 50 untraced, 11 of 30 traced; docs/fixes.md 'Replayed gains' and "
+                   "step)) is not met: 28 of 54 untraced, 11 of 30 traced; docs/fixes.md 'Replayed gains' and "
                    "the issue-30 note give each miss's cause")
 def test_replay_target_80_percent_of_pairs(replay_rows):
     for judged in ("ok_untraced", "ok_traced"):
@@ -367,6 +370,21 @@ def test_recompute_off_is_priced_with_the_whole_recomputed_forward(replay_rows):
         assert abs(r["price"]["best_ms"] - r["untraced"]) <= 0.15 * r["untraced"], r["pair"]["base"]
 
 
+def _rows_with_fix(section: str) -> list[str]:
+    """A registration table's rows, a fix cell that reads "the same" given the row above's."""
+    rows, fix = [], ""
+    for line in section.splitlines():
+        if not line.startswith("| "):
+            continue
+        cells = line.split("|")
+        if len(cells) > 2 and cells[2].strip() == "the same":
+            line = "|".join(cells[:2] + [f" {fix} "] + cells[3:])
+        elif len(cells) > 2:
+            fix = cells[2].strip()
+        rows.append(line)
+    return rows
+
+
 def test_registered_predictions_are_the_ones_committed_before_their_run():
     """Each pair's registered_prediction is the row of the fixtures/notes.md section its
     ``registered`` names ("fixtures/notes.md: Call 2 predictions"), committed before the pair's
@@ -379,7 +397,7 @@ def test_registered_predictions_are_the_ones_committed_before_their_run():
         heading = p["registered"].split(": ", 1)[1]
         section = notes.split(f"### {heading}")[1].split("\n### ")[0]
         names = (f"`{p['base']}`", f"`{p['base'].removesuffix('_1gpu')}`")
-        row = next(line for line in section.splitlines()
-                   if line.startswith("| `") and any(n in line.split("|")[1] for n in names) and f"`{p['fix']}`" in line)
+        row = next(line for line in _rows_with_fix(section)
+                   if any(n in line.split("|")[1] for n in names) and re.search(rf"`{p['fix']}[`:]", line))
         lo, best, hi = p["registered_prediction"]
         assert f"| {best:.2f} [{lo:.2f}, {hi:.2f}] |" in row, (p["base"], row)
