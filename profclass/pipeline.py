@@ -235,14 +235,15 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     blamed = stragglers.find(records, comm.ranks)
     walls = classify.classify_job(records, comm.ranks, comm.unseen_exposed_wait_ns, blamed,
                                   iterations.window_source(records) == "whole")
-    cfg = _config(profiles, all_ops, records, lay)
+    names = _kernel_names(records)
+    cfg = _config(profiles, all_ops, records, lay, names)
     job = Job(records=records, layout=lay, comm=comm, pipeline=pipe, walls=walls, cfg=cfg,
               stragglers=stragglers.straggler_rows(records, lay, blamed, walls.late_walls))
     out = analyzers.job_outputs(job)
     env_all = {k: v for p in profiles for k, v in p.env.items()}
     # the run's own facts (pitfalls.facts) need the peak memory share, worked out once here
     peak_share = memory.peak_share(job)
-    run_facts = pitfalls.facts(job.flags, env_all, cfg, peak_share, len(records))
+    run_facts = pitfalls.facts(job.flags, env_all, cfg, peak_share, len(records), names)
     # whether memory has room for what a fix would add (recompute off): the pitfalls' fact
     facts = {**config.config_facts(cfg), **out.facts, "memory_headroom": run_facts["memory_headroom"]}
     # a fix is already on when its flag is on the command line or its variable in the environment
@@ -283,13 +284,17 @@ def _replay_inputs(job: Job, gpus) -> replay_run.ReplayInputs:
         pipeline=job.pipeline)
 
 
-def _config(profiles, all_ops, records, lay) -> dict:
+def _kernel_names(records) -> pd.Series | None:
+    """The job's distinct kernel names (full, demangled) in the windows."""
+    aggs = [r.gpu.kernel_agg for r in records if r.gpu.kernel_agg is not None]
+    return pd.Series(pd.concat([a["full_name"].astype(str) for a in aggs]).unique()) if aggs else None
+
+
+def _config(profiles, all_ops, records, lay, names: pd.Series | None) -> dict:
     """The configuration stage: the Diagnosis ``config`` section."""
     ops_all = pd.concat(all_ops, ignore_index=True) if all_ops else pd.DataFrame()
     recompute_ratio = float(np.median([r.analysis.memory.recompute_ratio for r in records]))
     cuda_graphs = any(r.analysis.host.graph_launches or r.analysis.host.graph_kernels for r in records)
-    aggs = [r.gpu.kernel_agg for r in records if r.gpu.kernel_agg is not None]
-    names = pd.Series(pd.concat([a["full_name"].astype(str) for a in aggs]).unique()) if aggs else None
     return config.derive(profiles, ops_all, len(records), recompute_ratio, cuda_graphs,
                          ep_size=lay.size("ep"), moe_router=lay.moe_router, kernel_names=names,
                          ep_source=lay.source.get("ep"))

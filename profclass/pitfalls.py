@@ -22,9 +22,11 @@ def _int(v) -> int | None:
         return None
 
 
-def facts(flags: dict, env: dict, cfg: dict, peak_share: float | None, n_gpus: int) -> dict[str, bool]:
+def facts(flags: dict, env: dict, cfg: dict, peak_share: float | None, n_gpus: int,
+          kernel_names=None) -> dict[str, bool]:
     """Named facts about one run. ``flags`` from the captured command line, ``env`` the captured
-    environment, ``cfg`` the Diagnosis config section, ``peak_share`` peak memory / capacity."""
+    environment, ``cfg`` the Diagnosis config section, ``peak_share`` peak memory / capacity,
+    ``kernel_names`` the window's distinct kernel names (full)."""
     seq = _int(flags.get("--seq-length"))
     cp = _int(flags.get("--context-parallel-size")) or 1
     guess = 2 ** round(math.log2(max(seq / 4096, 1))) if seq else None
@@ -50,7 +52,19 @@ def facts(flags: dict, env: dict, cfg: dict, peak_share: float | None, n_gpus: i
         "long_context": bool(seq and seq >= LONG_CONTEXT),
         "cp_far_from_guess": bool(guess and max(cp, guess) / min(cp, guess) >= 4),
         "memory_headroom": peak_share is not None and peak_share < HEADROOM_SHARE,
+        "activation_fusion_flag": "--bias-activation-fusion" in flags,
+        "activation_unfused": _unfused(kernel_names, "activation"),
     }
+
+
+def _unfused(kernel_names, family: str) -> bool:
+    """Whether the window runs a fusion flag's family as PyTorch's own pointwise kernels
+    (compute.fusion_codes), not as a compiled (Triton) or library kernel."""
+    if kernel_names is None or not len(kernel_names):
+        return False
+    from .analyzers.compute import FUSION_FLAGS, fusion_codes
+    code = 1 + [key for key, _, _ in FUSION_FLAGS].index(family)
+    return bool((fusion_codes(kernel_names) == code).any())
 
 
 FORCE_BALANCE_FLAGS = ("--moe-router-force-load-balancing", "--force-balance")

@@ -168,6 +168,12 @@ CASES = {
         dict(args=["--recompute-granularity", "full"], recompute=True, peak_share=0.95)),
     # 150 op ranges x 2 us per ~0.6 ms step: the capture's own cost is ~50% of it
     "profiler_overhead_emit_nvtx": (dict(args=[], op_ranges=150), dict(args=[], op_ranges=0)),
+    # the eager SwiGLU's kernel (TorchDynamo off) against Inductor's compiled one (call J / K traces)
+    "activation_fusion_not_compiled": (
+        dict(args=["--bias-activation-fusion"], kernels_extra=[
+            "void at::native::elementwise_kernel<(int)128, (int)4, void at::native::gpu_kernel_impl_nocast<"
+            "at::native::<unnamed>::silu_kernel(at::TensorIteratorBase &)>(int, T3)"]),
+        dict(args=["--bias-activation-fusion"], kernels_extra=["triton_poi_fused_mul_silu_split_0"])),
 }
 
 

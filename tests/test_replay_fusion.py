@@ -37,6 +37,23 @@ def test_each_kernel_is_read_by_its_full_name_into_the_flag_that_fuses_it():
     assert codes.tolist() == [CODE["activation"], -1, CODE["softmax"], CODE["cross_entropy"], 0, -1]
 
 
+def test_a_compiled_kernel_is_a_fusion_already():
+    # Inductor's kernels for Megatron's compiled SwiGLU (call K's traced candidate, fixtures/notes.md)
+    compiled = pd.Series(["triton_poi_fused_mul_silu_split_0", "triton_poi_fused_add_cat_mul_rsub_sigmoid_silu_split_1"])
+    assert fusion_codes(compiled).tolist() == [0, 0]
+
+
+def test_the_flag_on_with_the_activation_unfused_is_a_pitfall_and_compiled_is_not():
+    from profclass import pitfalls
+
+    flags = {"--bias-activation-fusion": ""}
+    eager = pitfalls.facts(flags, {}, {}, None, 4, pd.Series([SILU, MUL, GEMM]))
+    compiled = pitfalls.facts(flags, {}, {}, None, 4, pd.Series(["triton_poi_fused_mul_silu_split_0", GEMM]))
+    without = pitfalls.facts({}, {}, {}, None, 4, pd.Series([SILU, MUL, GEMM]))
+    found = [[p["id"] for p in pitfalls.check(f, {}, 100.0)] for f in (eager, compiled, without)]
+    assert found == [["activation_fusion_not_compiled"], [], []]
+
+
 def _mlp():
     """One stream, back to back: GEMM (10 ms), SiLU (2), the GLU's multiply (3), a residual add
     (1), GEMM (10), masked fill (4); the SiLU's chain is it and the multiply after it (the GEMM

@@ -30,6 +30,7 @@ FUSION_FAMILIES = re.compile(".*(?:" + "|".join(p for _, _, p in FUSION_FLAGS) +
 # PyTorch's generic pointwise kernels: the other links of a chain a fusion flag replaces (the bias
 # add before an activation, the GLU's multiply after it, the scale before a mask)
 POINTWISE = re.compile(r".*elementwise_kernel")
+COMPILED = re.compile(r"triton_")  # Inductor's generated kernels (str.match: at the name's start)
 # kernels that run once per step, whatever the micro-batch count: the optimizer and the
 # gradient norm/clip/scale passes (PyTorch and Apex/TE multi-tensor kernels, fused Adam)
 PER_STEP_KERNELS = re.compile(r".*(?:multi_tensor|[Ff]used[_]?[Aa]dam|adam_kernel|AdamFunctor|l2norm)")
@@ -42,10 +43,12 @@ FP8_SPEEDUP, FP8_SPEEDUP_LOW, FP8_SPEEDUP_HIGH = 1.42, 1.2, 2.0
 
 def fusion_codes(names) -> np.ndarray:
     """Per kernel name: 1 + the index in ``FUSION_FLAGS`` of the flag that fuses it, -1 for
-    another generic pointwise kernel, 0 for the rest."""
+    another generic pointwise kernel, 0 for the rest. A compiled kernel (Inductor's Triton
+    ``triton_*``, whose name lists the ops it fused) is a fusion already: 0."""
     code = np.where(name_matches(names, POINTWISE), -1, 0).astype(np.int8)
     for i, (_, _, pattern) in enumerate(FUSION_FLAGS):
         code[name_matches(names, re.compile(f".*(?:{pattern})")) & (code <= 0)] = i + 1
+    code[name_matches(names, COMPILED)] = 0
     return code
 
 
