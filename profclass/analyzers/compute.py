@@ -26,7 +26,6 @@ FUSION_FLAGS = (
     ("dropout", "--bias-dropout-fusion", r"dropout|bernoulli"),
     ("permute", "--moe-permute-fusion", r"indexFunc|index_elementwise|scatter_gather"),  # token permutation
 )
-FUSION_FAMILIES = re.compile(".*(?:" + "|".join(p for _, _, p in FUSION_FLAGS) + ")")
 # PyTorch's generic pointwise kernels: the other links of a chain a fusion flag replaces (the bias
 # add before an activation, the GLU's multiply after it, the scale before a mask)
 POINTWISE = re.compile(r".*elementwise_kernel")
@@ -58,7 +57,7 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ComputeResult:
                       gemm_ns=iv.total(clipped_set(comp[comp["is_gemm"]], sets.lo, sets.hi)),
                       exposed_copy_ns=iv.total(iv.subtract(sets.copies, sets.compute_or_comm)),
                       fp8_kernels=int(sets.kernels["is_fp8"].sum()))
-    r.fusible_ns = _clipped_ns(comp[name_matches(comp["full_name"], FUSION_FAMILIES)], sets.lo, sets.hi)
+    r.fusible_ns = _clipped_ns(comp[fusion_codes(comp["full_name"]) > 0], sets.lo, sets.hi)
     r.per_step_kernel_ns = _clipped_ns(comp[name_matches(comp["name"], PER_STEP_KERNELS)], sets.lo, sets.hi)
     _utilisation(r, gpu, prof, sets)
     return r

@@ -19,7 +19,7 @@ LAUNCH_BOUND_SHARE = 0.2  # this share of kernels shorter than their launch: lau
 # a pause: a stretch with no CUDA call on the launching thread this much longer than the thread's
 # longest stretches of a step. Above the step-to-step jitter of those stretches (a few ms) and
 # below one collection of CPython's oldest generation over a training process's heap (>= 10^6
-# tracked objects at tens of ns each: tens to hundreds of ms); docs/fixes.md, "Unmarked pauses"
+# tracked objects at tens of ns each: tens to hundreds of ms); docs/fixes.md, the remove_gc row
 PAUSE_MIN_NS = 20_000_000
 
 

@@ -28,7 +28,7 @@ class ComputeResult:
     sm_active_estimate: float | None = None
     sm_active_source: str = ""
     tensor_active: float | None = None
-    fusible_ns: int = 0  # kernels of the FUSION_FAMILIES, summed (ns in the window)
+    fusible_ns: int = 0  # kernels of the fusion flags' families (compute.fusion_codes), summed (ns in the window)
     per_step_kernel_ns: int = 0  # kernels of PER_STEP_KERNELS (optimizer, grad norm), summed
 
 
