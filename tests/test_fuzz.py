@@ -405,6 +405,12 @@ _FOUND = dict(drop_tables=set(), drop_columns={}, rename={}, nvtx=[], copies=[],
     (T0, 0, "sm90_xmma_gemm_bf16bf16", -1, 1, False), (9_223_372_036_854_755_808, 0, "ncclDevKernel_SendRecv", 0, 1, False)]))
 @example(spec=dict(_FOUND, kernels=[(T0, 0, "sm90_xmma_gemm_bf16bf16", 0, 1, False)], damage=[
     'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 9223372036854775000, "end" = 9223372036854775807 WHERE rowid = 1']))
+# two ranks, one kernel damaged to end at int64's limit: the typical stream gap's float quantile
+# rounded past int64 (latency._typical)
+@example(spec=dict(_FOUND, pids=[0, 1], damage=[
+    'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 9223372036854775000, "end" = 9223372036854775807 WHERE rowid = 1'],
+    kernels=[(0 if i == 6 else T0, 0, "sm90_xmma_gemm_bf16bf16", s, 1, False)
+             for i, s in enumerate([0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0])]))
 def test_generated_exports(tmp_path_factory, private_tmp, spec):
     d = tmp_path_factory.mktemp("gen")
     files = [_build(d / "rank0.sqlite", spec, 1_795_659_794_721_005_514)]

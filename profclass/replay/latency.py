@@ -9,9 +9,14 @@ import numpy as np
 from .constants import LATENCY_CAPS, TYPICAL_QUANTILE
 
 
+TYPICAL_MAX_NS = 2 ** 61  # far past any capture; keeps sums with int64 timestamps in range
+
+
 def _typical(x: np.ndarray) -> int:
+    """The low quantile of the measured latencies (float64 quantile of int64 ns: held below
+    int64's edge, where rounding would overflow a damaged export's timestamps)."""
     x = x[x >= 0]
-    return int(np.quantile(x, TYPICAL_QUANTILE)) if len(x) else 0
+    return int(min(np.quantile(x, TYPICAL_QUANTILE), TYPICAL_MAX_NS)) if len(x) else 0
 
 
 def latencies(start, end, stream, launch, c_start, e_src, e_dst, e_from_start=None, c_end=None):
