@@ -41,106 +41,31 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import p2p_calls
+from .schedule_order import Schedule, order, warmup  # noqa: F401 (order: the public op order)
 from .trace import COMM, GpuTrace
 
 FLOOR_QUANTILE = 0.10  # the PP kernel's floor: the transfer when the peer is ready (as trace.TYPICAL_QUANTILE)
 FB_RATIO = 2.0  # a backward's time over its forward's: twice the FLOPs (input and weight gradients)
-
-
-def order(p: int, v: int, m: int, rank: int, group: int | None = None) -> list[tuple[bool, int, int]]:
-    """Stage ``rank``'s slots in Megatron-Core's order: (is backward, model chunk, micro-batch)."""
-    g = p if group is None else group
-    if v == 1:
-        warm = min(p - rank - 1, m)
-        fwd = [(False, 0, i) for i in range(m)]
-        bwd = [(True, 0, i) for i in range(m)]
-    else:
-        table = []
-        for lo in range(0, m, g):
-            hi = m if lo + g >= m else lo + g
-            table += [(mb, c) for c in range(v) for mb in range(lo, hi)]
-        warm = min((p - rank - 1) * 2 + (v - 1) * g, m * v)
-        fwd = [(False, c, mb) for mb, c in table]
-        bwd = [(True, v - 1 - c, mb) for mb, c in table]
-    out = fwd[:warm]
-    for k in range(len(fwd) - warm):
-        out += [fwd[warm + k], bwd[k]]
-    return out + bwd[len(fwd) - warm:]
-
-
-def _input(s: int, slot: tuple[bool, int, int], p: int, v: int):
-    """The slot whose output this slot waits for (on another stage), or None."""
-    back, c, mb = slot
-    if not back:
-        if s > 0:
-            return s - 1, (False, c, mb)
-        return (p - 1, (False, c - 1, mb)) if c > 0 else None
-    if s < p - 1:
-        return s + 1, (True, c, mb)
-    return (0, (True, c + 1, mb)) if c < v - 1 else None
-
-
-@dataclass(frozen=True)
-class Schedule:
-    start: np.ndarray  # per stage: its first slot's start
-    end: np.ndarray  # per stage: its last slot's end (its rest's, with a rest)
-    busy: np.ndarray  # per stage: its slots' time
-    first: np.ndarray  # per stage and step: the step's first slot's start
-
-
-def simulate(p: int, v: int, m: int, f_slot, b_slot, x: float, group: int | None = None,
-             pre=None, post=None, meet: bool = False, steps: int = 1) -> Schedule:
-    """Event simulation of ``steps`` back-to-back steps: ``f_slot`` / ``b_slot`` per stage, the
-    time of one chunk's forward / backward (its exchange included); ``x`` the lag of a slot's
-    input behind its producer's end. After its last slot a stage runs its once-per-step rest
-    (``pre`` + ``post``; none by default) and the next step's slots; with ``meet`` the stages
-    meet between ``pre`` and ``post`` (the PP group's all-reduce, e.g. the gradient norm's,
-    holds each stage until every stage has run its last slot and its ``pre``)."""
-    one = [order(p, v, m, s, group) for s in range(p)]
-    pre = np.zeros(p) if pre is None else pre
-    post = np.zeros(p) if post is None else post
-    orders = [[(k, sl) for k in range(steps) for sl in one[s] + ["pre", "post"]] for s in range(p)]
-    done: dict = {}
-    ready: dict = {}  # (stage, step): when the stage reaches the meeting point
-    first = np.full((p, steps), np.nan)
-    pos, free, busy = [0] * p, [0.0] * p, np.zeros(p)
-    left = sum(len(o) for o in orders)
-    while left:
-        moved = False
-        for s in range(p):
-            while pos[s] < len(orders[s]):
-                k, slot = orders[s][pos[s]]
-                if slot == "pre":  # the stage's rest up to the meeting point
-                    ready[(s, k)] = free[s] = free[s] + float(pre[s])
-                elif slot == "post":
-                    if meet and any((r, k) not in ready for r in range(p)):
-                        break
-                    free[s] = max([free[s]] + ([ready[(r, k)] for r in range(p)] if meet else [])) + float(post[s])
-                else:
-                    dep = _input(s, slot, p, v)
-                    if dep is not None and (dep[0], (k, dep[1])) not in done:
-                        break
-                    t0 = max(free[s], done[(dep[0], (k, dep[1]))] + x if dep is not None else 0.0)
-                    first[s, k] = t0 if np.isnan(first[s, k]) else first[s, k]
-                    dur = b_slot[s] if slot[0] else f_slot[s]
-                    done[(s, (k, slot))] = free[s] = t0 + dur
-                    busy[s] += dur
-                pos[s] += 1
-                left -= 1
-                moved = True
-        if not moved:
-            raise ValueError(f"schedule deadlock at p={p}, v={v}, m={m}")
-    return Schedule(start=first[:, 0], end=np.array(free), busy=busy, first=first)
+# an interleaved schedule's exchanges: batched calls that wait for both neighbours
+# (batch_p2p_comm, p2p_calls), or each tensor waited for where it is used (overlap_p2p_comm)
+BATCHED, OVERLAPPED = "batched", "overlapped"
 
 
 STEPS = 3  # steps simulated back to back: the last one's start-to-start is the steady step
 
 
-def periodic_step(p: int, v: int, m: int, f_slot, b_slot, x: float, pre, post, meet: bool,
-                  group: int | None = None, steps: int = STEPS) -> float:
+def simulate(p: int, v: int, m: int, f_comp, b_comp, x: float, floor: float = 0.0, mode: str = BATCHED,
+             group: int | None = None, pre=None, post=None, meet: bool = False, steps: int = 1):
+    """One or more steps of the schedule, call by call (``p2p_calls.simulate``)."""
+    return p2p_calls.simulate(p, v, m, f_comp, b_comp, x, floor, mode, group, pre, post, meet, steps)
+
+
+def periodic_step(p: int, v: int, m: int, f_comp, b_comp, x: float, pre, post, meet: bool,
+                  group: int | None = None, steps: int = STEPS, floor: float = 0.0, mode: str = BATCHED) -> float:
     """The steady step: ``steps`` steps back to back (``simulate``), the mean over stages of
     the start-to-start time of the last two steps' first slots."""
-    first = simulate(p, v, m, f_slot, b_slot, x, group, pre, post, meet, steps).first
+    first = simulate(p, v, m, f_comp, b_comp, x, floor, mode, group, pre, post, meet, steps).first
     return float(np.mean(first[:, -1] - first[:, -2]))
 
 
@@ -159,15 +84,19 @@ class Stages:
     gpu_stage: tuple = ()  # per GPU of the replay: its stage
     meet: bool = True  # the PP group all-reduces once a step: every stage waits there for the others
     rest_before_meet: np.ndarray | None = None  # per stage: the part of R before that all-reduce
+    p2p: str = BATCHED  # how the capture's interleaved exchanges ran (BATCHED or OVERLAPPED; 1F1B: BATCHED)
 
 
-def step_ns(st: Stages, v: int, m: int, x: float, work=None) -> float:
-    """The simulated step at (v, m) with exchange cost ``x``."""
+def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = None) -> float:
+    """The simulated step at (v, m) with exchange cost ``x``, the exchanges run as ``p2p``
+    (default: as captured). The base's own calls come out of U first (one ``x`` each: a
+    stage's work per micro-batch is measured with its host gaps, those after its calls too)."""
+    calls = np.array([p2p_calls.calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
     u = st.work if work is None else work
-    fb = np.clip(u - 2 * st.v * x, 0, None)  # the base's forward and backward work, its exchanges out
-    f = fb / (1 + FB_RATIO)
+    f = np.clip(u - calls * x, 0, None) / (1 + FB_RATIO)
     pre = st.rest_before_meet if st.rest_before_meet is not None else np.zeros(st.p)
-    return periodic_step(st.p, v, m, f / v + x, FB_RATIO * f / v + x, x, pre, st.rest - pre, st.meet)
+    return periodic_step(st.p, v, m, f / v, FB_RATIO * f / v, x, pre, st.rest - pre, st.meet,
+                         floor=min(st.floor, x), mode=p2p or st.p2p)
 
 
 def exchange_cost(st: Stages, q: float) -> float:
@@ -175,28 +104,34 @@ def exchange_cost(st: Stages, q: float) -> float:
 
 
 def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: int, v: int, m: int,
-            busy_idle_ns: list[float], step_ns: list[float], meets: list[np.ndarray] | None = None) -> Stages | None:
+            busy_idle_ns: list[float], step_ns: list[float], meets: list[np.ndarray] | None = None,
+            pause_ns: list[float] | None = None, p2p: str = BATCHED) -> Stages | None:
     """Per stage U and R (mean over its ranks; R split at the stages' meeting point), the
     exchange's floor and the host gaps after exchanges. ``pp_ops``: per GPU, its PP-group ops
     (trace indices); ``meets``: per GPU, which of them are the step's PP all-reduce (None: no
     meeting); ``busy_idle_ns``: per GPU, its busy plus idle time per step (the pipeline
-    analyzer's, no PP blocking in it)."""
+    analyzer's, no PP blocking in it); ``pause_ns``: per GPU, its host's pauses per step (the
+    collector's: once, not per micro-batch: they leave U for the rest)."""
     if not p or p < 2 or not m or any(s is None for s in stage):
         return None
     work, pre, post = np.zeros(p), np.zeros(p), np.zeros(p)
     n = np.zeros(p)
     floors, gaps = [], []
-    for gi, (t, pp, s, bi) in enumerate(zip(traces, pp_ops, stage, busy_idle_ns)):
+    pauses = pause_ns if pause_ns is not None else [0.0] * len(traces)
+    for gi, (t, pp, s, bi, pz) in enumerate(zip(traces, pp_ops, stage, busy_idle_ns, pauses)):
         if len(pp) < 2 or t.iterations < 1:
             return None
         meet = meets[gi] if meets is not None else np.zeros(len(pp), bool)
         r_pre, r_post = _rest_gap(t, pp, meet)
+        pz = min(float(pz), max(bi - r_pre - r_post, 0.0))
         if s == 0:  # its rest stretch also holds the step's last backward slot and the next one's first forward
-            u = (bi - r_pre - r_post) / (m - 1.0 / v)
+            u = (bi - pz - r_pre - r_post) / (m - 1.0 / v)
             f = u / (v * (1 + FB_RATIO))  # one chunk's forward (its share of the exchange cost aside)
             r_pre, r_post = (r_pre - FB_RATIO * f, r_post - f) if r_pre > 0 else (0.0, r_post - (1 + FB_RATIO) * f)
         else:
-            u = (bi - r_pre - r_post) / m
+            u = (bi - pz - r_pre - r_post) / m
+        # a pause holds the stage once a step: before the meeting point, where the others wait for it
+        r_pre, r_post = (r_pre + pz, r_post) if meets is not None else (r_pre, r_post + pz)
         work[s] += u
         pre[s] += r_pre
         post[s] += r_post
@@ -209,7 +144,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
     return Stages(p=p, v=v, m=m, work=work / n, rest=pre + post,
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
                   gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
-                  meet=meets is not None, rest_before_meet=pre)
+                  meet=meets is not None, rest_before_meet=pre, p2p=p2p)
 
 
 def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, float]:
@@ -269,10 +204,24 @@ KIND = "pp_schedule"  # the transform kind of data/fixes.toml that this module p
 POINTS = ("low", "best", "high")
 
 
-def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns) -> tuple[Stages | None, str]:
+def captured_p2p(p: int, v: int, m: int, stage: list, sendrecv_per_step: list[float]) -> str:
+    """How an interleaved capture's exchanges ran: the mode whose calls' kernels
+    (``p2p_calls.kernels_per_step``) come closest to the GPUs' PP send/recv kernels per step. 1F1B's
+    calls are batched whatever the configuration says."""
+    if v < 2:
+        return BATCHED
+
+    def off(mode: str) -> float:
+        return sum(abs(p2p_calls.kernels_per_step(p, v, m, s, mode) - n)
+                   for s, n in zip(stage, sendrecv_per_step))
+    return min((BATCHED, OVERLAPPED), key=off)
+
+
+def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns,
+             pause_ns: list[float] | None = None) -> tuple[Stages | None, str]:
     """The job's schedule inputs from the replay's traces (``keyed``: each GPU's comm ops with
-    their group, ``collectives._keyed``) and the pipeline analyzer's result; (None, why) where
-    the job is not pipelined or a size is unknown."""
+    their group, ``collectives._keyed``), the pipeline analyzer's result and each GPU's host
+    pauses per step; (None, why) where the job is not pipelined or a size is unknown."""
     if pipeline is None or not pipeline.stages or pipeline.stages < 2:
         return None, ""
     if not pipeline.microbatches:
@@ -289,10 +238,13 @@ def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns
     # the stages meet once a step where the PP group all-reduces (the gradient norm, embeddings)
     meets = [np.isin(p_ops, kd["op"][(kd["group"] == "PP") & (kd["collective"] == "all_reduce")])
              for p_ops, kd in zip(pp, keyed)]
-    st = measure(traces, pp, stage, pipeline.stages,
-                 pipeline.virtual_stages or 1, pipeline.microbatches,
+    v = pipeline.virtual_stages or 1
+    sendrecv = [float(((kd["group"] == "PP") & (kd["collective"] != "all_reduce")).sum()) / max(t.iterations, 1)
+                for t, kd in zip(traces, keyed)]
+    st = measure(traces, pp, stage, pipeline.stages, v, pipeline.microbatches,
                  [(rows[r]["busy_ms"] + rows[r]["idle_ms"]) * 1e6 for r in ranks], list(step_ns),
-                 meets if any(mt.any() for mt in meets) else None)
+                 meets if any(mt.any() for mt in meets) else None, pause_ns,
+                 captured_p2p(pipeline.stages, v, pipeline.microbatches, stage, sendrecv))
     return st, "" if st is not None else "a stage has fewer than two PP exchanges in its window"
 
 
@@ -318,6 +270,19 @@ def _sizes(specs: list[dict], st: Stages) -> tuple[int, float, np.ndarray | None
     return v, m, (work * scale if balanced or scale != 1.0 else None), samples
 
 
+def p2p_mode(specs: list[dict], st: Stages, point: str = "best") -> str:
+    """How the changed schedule's exchanges run: as a spec says (``p2p``: ``batched`` or
+    ``overlapped``), else as captured where the capture is interleaved, else Megatron-LM's and
+    Megatron Bridge's default with VPP (overlapped isend/irecv: OVERLAPPED) at the best and high
+    points, Megatron-Core's own default (``batch_p2p_comm``: BATCHED) at the low one."""
+    said = [spec["p2p"] for spec in specs if spec.get("p2p") in (BATCHED, OVERLAPPED)]
+    if said:
+        return str(said[-1])
+    if st.v > 1:
+        return st.p2p
+    return BATCHED if point == "low" else OVERLAPPED
+
+
 def combined_ms(specs: list[dict], st: Stages, q: float = 0.5) -> float | None:
     """The simulated step (ms, per the base's samples) after the schedule changes ``specs``
     together, the exchange at the ``q`` quantile of the gaps (the plan's: the median, the
@@ -325,7 +290,7 @@ def combined_ms(specs: list[dict], st: Stages, q: float = 0.5) -> float | None:
     v, m, work, samples = _sizes(specs, st)
     if m < 1 or m != int(m) or (v > 1 and m < st.p):
         return None
-    return step_ns(st, v, int(m), exchange_cost(st, q), work=work) / samples / 1e6
+    return step_ns(st, v, int(m), exchange_cost(st, q), work=work, p2p=p2p_mode(specs, st)) / samples / 1e6
 
 
 def gains_ms(spec: dict, st: Stages) -> dict | None:
@@ -339,7 +304,7 @@ def gains_ms(spec: dict, st: Stages) -> dict | None:
     for point in POINTS:
         x = exchange_cost(st, _pick(spec.get("exchange_quantile", 0.5), point))
         base = step_ns(st, st.v, st.m, x)
-        new = step_ns(st, v, int(m), x, work=work) / samples
+        new = step_ns(st, v, int(m), x, work=work, p2p=p2p_mode([spec], st, point)) / samples
         out[point] = (base - new) / 1e6
     return out
 

@@ -77,8 +77,9 @@ class Replayer:
         # the pipeline schedule's inputs: PP fixes change the schedule, not the graph's weights.
         # Measured on the capture (``stages``: the schedule's fidelity); the fixes are priced on
         # ``untraced_stages``
-        self.stages, self.no_schedule = pipeline_schedule.from_job(self.traces, self.groups, inp.ranks,
-                                                                   inp.pipeline, inp.step_ns)
+        self.stages, self.no_schedule = pipeline_schedule.from_job(
+            self.traces, self.groups, inp.ranks, inp.pipeline, inp.step_ns,
+            [transforms.pause_per_step(t) for t in self.traces])
 
     # The step without the profiler: fixes are priced and planned from it (the gain is banked in
     # the job that runs without it, where the host's calls cost less; docs/replay.md). Worked out
@@ -214,7 +215,15 @@ def _requested(item: str) -> dict:
     ("host_bigger_launches:microbatch_factor=4")."""
     fid, _, rest = item.partition(":")
     change = dict(kv.split("=", 1) for kv in rest.split(",") if "=" in kv)
-    return {"id": fid, "request": item, "change": {k: float(v) for k, v in change.items()}}
+    return {"id": fid, "request": item, "change": {k: _value(v) for k, v in change.items()}}
+
+
+def _value(text: str):
+    """A change's value: a number, or a word (``pp_interleave:p2p=batched``)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out: scenario.Outcome,

@@ -216,6 +216,14 @@ def _remove_gc(spec, point, traces, weights, ctx):
             for g, w in zip(gc, weights)]
 
 
+def pause_per_step(t: GpuTrace) -> float:
+    """ns per step the host's collector held its busiest launching thread: its GC ranges, else
+    its pauses outside the steps' rhythm (``_pauses``)."""
+    gc = t.calls.c_gc if t.calls.c_gc.any() else _pauses(t)
+    per_tid = [gc[t.calls.c_tid == tid].sum() for tid in np.unique(t.calls.c_tid)]
+    return float(max(per_tid, default=0)) / max(t.iterations, 1)
+
+
 def _pauses(t: GpuTrace) -> np.ndarray:
     out = np.zeros(len(t.calls.c_gap), np.int64)
     for tid in np.unique(t.calls.c_tid):

@@ -1,0 +1,94 @@
+"""The call-by-call pipeline schedule (profclass/replay/p2p_calls.py): Megatron-Core's P2P calls
+per stage, counted against real captures' PP kernels, a batched call's wait for both
+neighbours worked by hand, and the capture's P2P mode read from its kernels."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import profclass
+from profclass.replay import p2p_calls as pc
+from profclass.replay import pipeline_schedule as ps
+from profclass.replay.run import Replayer
+
+PROFILES = Path(__file__).resolve().parent.parent / "fixtures" / "profiles"
+
+
+def _pp_sendrecv_per_step(name: str) -> tuple[list[float], Replayer]:
+    d = profclass.diagnose(str(PROFILES / f"{name}.sqlite.xz"), keep_replay=True)
+    r = Replayer(d.extra.replay_inputs)
+    return [float(((kd["group"] == "PP") & (kd["collective"] != "all_reduce")).sum()) / t.iterations
+            for t, kd in zip(r.traces, r.groups)], r
+
+
+@pytest.mark.parametrize("name,v", [("mcore_gb_pp4s_m8", 1), ("mcore_gb_pp4s_vpp2_m8", 2)])
+def test_calls_are_the_captures_pp_kernels(name, v):
+    """PP 4, 8 micro-batches: each batched call is one NCCL kernel, so the program's calls per
+    stage are the capture's PP send/recv kernels per step (1F1B: 11, 21, 19, 9; interleaved:
+    25, 25, 23, 21), within the window's edges (one kernel a step)."""
+    counts, r = _pp_sendrecv_per_step(name)
+    stage = [row["stage"] for row in r.inp.pipeline.per_stage]
+    want = [pc.kernels_per_step(4, v, 8, s, ps.BATCHED) for s in stage]
+    assert np.abs(np.array(counts) - want).max() <= 1, (counts, want)
+    assert r.stages.p2p == ps.BATCHED
+    # the overlapped mode would launch far more: each posted tensor is a kernel of its own
+    if v == 2:
+        assert all(pc.kernels_per_step(4, 2, 8, s, ps.OVERLAPPED) > 1.5 * c for s, c in zip(stage, counts))
+
+
+def test_a_batched_call_waits_for_both_neighbours():
+    """p = 2, v = 2, m = 4, no exchange cost: balanced stages give the known interleaved step
+    (v m + p - 1 chunk slots) in both modes. With stage 0's backward twice as slow, the
+    overlapped schedule takes 41 and the batched one 42: a batched steady call holds a stage
+    until both neighbours have posted theirs, even where its next forward's input is there
+    (on PP 4 with a slow third stage: 48 against 47)."""
+    for mode in (ps.BATCHED, ps.OVERLAPPED):
+        s = ps.simulate(2, 2, 4, [1, 1], [2, 2], 0, 0, mode)
+        assert float(s.end.max()) == pytest.approx((2 * 4 + 1) * 3)
+    slow = dict(f_comp=[1, 1], b_comp=[4, 2], x=0.0)
+    assert ps.simulate(2, 2, 4, mode=ps.BATCHED, **slow).end.max() == pytest.approx(42)
+    assert ps.simulate(2, 2, 4, mode=ps.OVERLAPPED, **slow).end.max() == pytest.approx(41)
+    slow4 = dict(f_comp=[1] * 4, b_comp=[2, 2, 4, 2], x=0.0)
+    assert ps.simulate(4, 2, 4, mode=ps.BATCHED, **slow4).end.max() == pytest.approx(48)
+    assert ps.simulate(4, 2, 4, mode=ps.OVERLAPPED, **slow4).end.max() == pytest.approx(47)
+
+
+def test_1f1b_program_is_megatrons():
+    """forward_backward_pipelining_without_interleaving on the middle stage of PP 3, m = 2:
+    recv_forward, forward, send_forward (warm-up), recv_forward, then forward,
+    send_forward_recv_backward, backward, send_backward (the last steady one), recv_backward,
+    backward, send_backward (cool-down)."""
+    prog = pc.program(3, 1, 2, 1)
+    kinds = [it[0] if it[0] == "X" else ("B" if it[1][0] else "F") for it in prog]
+    assert kinds == ["X", "F", "X", "X", "F", "X", "B", "X", "X", "B", "X"]
+    assert prog[5] == ("X", (("f", 1, 0, 1),), (("b", 2, 0, 0),))  # send_forward_recv_backward
+
+
+def test_interleaved_steady_call_moves_four_tensors():
+    """The batched interleaved steady call sends the forward's output and the backward's
+    gradient and receives the next forward's input and the next backward's gradient."""
+    steady = [it for it in pc.program(4, 2, 8, 1) if it[0] == "X" and len(it[1]) == 2 and len(it[2]) == 2]
+    assert steady, "no send_forward_backward_recv_forward_backward on a middle stage"
+
+
+def test_captured_mode_is_the_closest_kernel_count():
+    p, v, m, stage = 4, 2, 8, [0, 1, 2, 3]
+    batched = [pc.kernels_per_step(p, v, m, s, ps.BATCHED) for s in stage]
+    overlapped = [pc.kernels_per_step(p, v, m, s, ps.OVERLAPPED) for s in stage]
+    assert ps.captured_p2p(p, v, m, stage, batched) == ps.BATCHED
+    assert ps.captured_p2p(p, v, m, stage, overlapped) == ps.OVERLAPPED
+    assert ps.captured_p2p(p, 1, m, stage, overlapped) == ps.BATCHED  # 1F1B's calls are batched
+
+
+def test_a_requested_mode_moves_the_price():
+    """The mode is a parameter of the fix: asked for, it is used at every point; unasked on a
+    1F1B base, the low point is batched and the best overlapped."""
+    st = ps.Stages(p=4, v=1, m=8, work=np.array([3e6, 3e6, 4.5e6, 3e6]), rest=np.zeros(4), floor=1e5,
+                   gaps=np.full(8, 2e5), measured_step=0.0, gpu_stage=(0, 1, 2, 3), meet=False)
+    asked = {m: ps.gains_ms({"kind": "pp_schedule", "vpp": 2, "p2p": m}, st) for m in (ps.BATCHED, ps.OVERLAPPED)}
+    assert asked[ps.BATCHED]["best"] != asked[ps.OVERLAPPED]["best"]
+    default = ps.gains_ms({"kind": "pp_schedule", "vpp": 2, "p2p": "default"}, st)
+    assert default["best"] == pytest.approx(asked[ps.OVERLAPPED]["best"])
+    assert default["low"] == pytest.approx(asked[ps.BATCHED]["low"])
