@@ -3,6 +3,7 @@ per stage, counted against real captures' PP kernels, a batched call's wait for 
 neighbours worked by hand, and the capture's P2P mode read from its kernels."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,28 @@ def test_a_requested_mode_moves_the_price():
     default = ps.gains_ms({"kind": "pp_schedule", "vpp": 2, "p2p": "default"}, st)
     assert default["best"] == pytest.approx(asked[ps.OVERLAPPED]["best"])
     assert default["low"] == pytest.approx(asked[ps.BATCHED]["low"])
+
+
+def test_the_sync_idle_is_measured_within_the_stages_idle():
+    """On a captured 1F1B job (every P2P call ends in a device sync) the GPU idle after those
+    syncs that a host ahead would not leave is positive on every stage and no more than the
+    stage's idle per step (the pipeline analyzer's)."""
+    _, r = _pp_sendrecv_per_step("mcore_gb_pp4s_m8")
+    idle = {row["stage"]: row["idle_ms"] for row in r.inp.pipeline.per_stage}
+    got = r.stages.sync_idle / 1e6
+    assert (got > 0).all()
+    assert all(got[s] <= idle[s] + 1e-6 for s in range(4)), (got, idle)
+
+
+def test_overlapped_p2p_takes_the_sync_idle_away_and_batched_keeps_it():
+    """Uniform stages with 4 ms of sync idle a step each: an overlapped interleaved schedule
+    gains that much more than it does with none, scaled by the schedule (every chunk slot is
+    shorter, the bubble's too: (v m + p - 1) / (v m) = 19 / 16); the batched one's price does
+    not move."""
+    base = ps.Stages(p=4, v=1, m=8, work=np.full(4, 3e6), rest=np.zeros(4), floor=1e5, gaps=np.full(8, 2e5),
+                     measured_step=0.0, gpu_stage=(0, 1, 2, 3), meet=False, sync_idle=np.zeros(4))
+    idle = replace(base, sync_idle=np.full(4, 4e6))
+    spec = {m: {"kind": "pp_schedule", "vpp": 2, "p2p": m} for m in (ps.BATCHED, ps.OVERLAPPED)}
+    assert ps.gains_ms(spec[ps.BATCHED], idle)["best"] == pytest.approx(ps.gains_ms(spec[ps.BATCHED], base)["best"])
+    more = ps.gains_ms(spec[ps.OVERLAPPED], idle)["best"] - ps.gains_ms(spec[ps.OVERLAPPED], base)["best"]
+    assert more == pytest.approx(4.0 * 19 / 16)

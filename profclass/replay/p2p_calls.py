@@ -141,14 +141,15 @@ def kernels_per_step(p: int, v: int, m: int, s: int, mode: str = "batched", grou
 def simulate(p: int, v: int, m: int, f_comp, b_comp, x: float, floor: float = 0.0, mode: str = "batched",
              group: int | None = None, pre=None, post=None, meet: bool = False, steps: int = 1) -> Schedule:
     """``steps`` back-to-back steps: ``f_comp`` / ``b_comp`` per stage, one chunk's compute;
-    ``x`` one blocking exchange once its peers are there (the transfer, ``floor``, and the
-    host's gap after it). A blocking call is posted when its stage is free and ends ``x`` after
-    the last of it and its peers' matching calls is posted; a posted call costs its stage the
-    gap (``x - floor``) and does not wait; a wait for a tensor ends ``floor`` after its
-    sender's call was posted. After its last item a stage runs its rest (``pre`` + ``post``);
+    ``x`` (per stage, or one for all) a blocking exchange once its peers are there. A blocking
+    call is posted when its stage is free and ends ``x`` after the last of it and its peers'
+    matching calls is posted; a posted call costs its GPU nothing (the host is ahead: nothing
+    synchronizes it) and does not wait; a wait for a tensor ends ``floor`` (the transfer) after
+    its sender's call was posted. After its last item a stage runs its rest (``pre`` + ``post``);
     with ``meet`` the stages meet between them (the PP group's all-reduce: each waits for every
     stage's ``pre``)."""
     one = [program(p, v, m, s, mode, group) for s in range(p)]
+    x = np.broadcast_to(np.asarray(x, float), (p,))
     rest = (np.zeros(p) if pre is None else pre, np.zeros(p) if post is None else post)
     items = [[(k, it) for k in range(steps) for it in one[s] + [("pre",), ("post",)]] for s in range(p)]
     sender, receiver = {}, {}  # (step, tensor) -> (stage, item index) of the call sending / receiving it
@@ -191,10 +192,9 @@ def _advance(s: int, i: int, item: tuple, state: dict, sender: dict, receiver: d
         peers = [receiver[(k, t)] for t in it[1]] + [sender[(k, t)] for t in it[2]]
         if any(q not in posted for q in peers):
             return False
-        free[s] = max([free[s]] + [posted[q] for q in peers]) + x
+        free[s] = max([free[s]] + [posted[q] for q in peers]) + float(x[s])
     elif kind == "P":
         posted[(s, i)] = free[s]
-        free[s] += x - floor
     elif kind == "W":
         q = sender[(k, it[1])]
         if q not in posted:

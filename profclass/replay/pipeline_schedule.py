@@ -43,7 +43,7 @@ import numpy as np
 
 from . import p2p_calls
 from .schedule_order import Schedule, order, warmup  # noqa: F401 (order: the public op order)
-from .trace import COMM, GpuTrace
+from .trace import COMM, SYNC, GpuTrace
 
 FLOOR_QUANTILE = 0.10  # the PP kernel's floor: the transfer when the peer is ready (as trace.TYPICAL_QUANTILE)
 FB_RATIO = 2.0  # a backward's time over its forward's: twice the FLOPs (input and weight gradients)
@@ -85,18 +85,32 @@ class Stages:
     meet: bool = True  # the PP group all-reduces once a step: every stage waits there for the others
     rest_before_meet: np.ndarray | None = None  # per stage: the part of R before that all-reduce
     p2p: str = BATCHED  # how the capture's interleaved exchanges ran (BATCHED or OVERLAPPED; 1F1B: BATCHED)
+    sync_idle: np.ndarray | None = None  # per stage, ns per step: GPU idle after the PP calls' device syncs that a host ahead would not leave
 
 
 def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = None) -> float:
     """The simulated step at (v, m) with exchange cost ``x``, the exchanges run as ``p2p``
-    (default: as captured). The base's own calls come out of U first (one ``x`` each: a
-    stage's work per micro-batch is measured with its host gaps, those after its calls too)."""
+    (default: as captured; 1F1B's are batched). A batched call ends in a device sync
+    (``batch_p2p_sync``) and costs ``x``: the transfer's floor and the host's gap to the next
+    kernel; the idle the host's refill leaves after it is in the stage's measured work. An
+    overlapped schedule syncs nothing: its calls cost the GPU the transfer's floor, and the
+    refill idle a host ahead would not leave (``sync_idle``) leaves the stages' time. The
+    base's own calls come out of U first (a stage's work per micro-batch is measured with them)."""
+    floor = min(st.floor, x)
     calls = np.array([p2p_calls.calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
+    own = x if st.p2p == BATCHED or st.v == 1 else floor
     u = st.work if work is None else work
-    f = np.clip(u - calls * x, 0, None) / (1 + FB_RATIO)
+    mode = BATCHED if v == 1 else (p2p or st.p2p)
+    rest = st.rest
+    if mode == OVERLAPPED and st.p2p == BATCHED and st.sync_idle is not None:
+        share = st.m * u / np.maximum(st.m * u + st.rest, 1)  # as less_host: work and rest by their time
+        u, rest = u - share * st.sync_idle / st.m, np.clip(st.rest - (1 - share) * st.sync_idle, 0, None)
+    f = np.clip(u - calls * own, 0, None) / (1 + FB_RATIO)
     pre = st.rest_before_meet if st.rest_before_meet is not None else np.zeros(st.p)
-    return periodic_step(st.p, v, m, f / v, FB_RATIO * f / v, x, pre, st.rest - pre, st.meet,
-                         floor=min(st.floor, x), mode=p2p or st.p2p)
+    pre = np.minimum(pre, rest)
+    cost = np.full(st.p, x if mode == BATCHED else floor)
+    return periodic_step(st.p, v, m, f / v, FB_RATIO * f / v, cost, pre, rest - pre, st.meet,
+                         floor=floor, mode=mode)
 
 
 def exchange_cost(st: Stages, q: float) -> float:
@@ -118,6 +132,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
     n = np.zeros(p)
     floors, gaps = [], []
     pauses = pause_ns if pause_ns is not None else [0.0] * len(traces)
+    refill = np.zeros(p)
     for gi, (t, pp, s, bi, pz) in enumerate(zip(traces, pp_ops, stage, busy_idle_ns, pauses)):
         if len(pp) < 2 or t.iterations < 1:
             return None
@@ -138,13 +153,21 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
         n[s] += 1
         floors.append(t.ops.dur[pp])
         gaps.append(_gaps_after(t, pp))
+        if p2p == BATCHED or v == 1:
+            # a host ahead would not leave it, but a host slower than its GPU leaves its lag
+            # anyway: no more than the stage's time above its host's own CPU time per step
+            c = t.calls
+            host = max((float(c.c_gap[c.c_tid == tid].sum() + c.c_dur[c.c_tid == tid].sum())
+                        for tid in np.unique(c.c_tid)), default=0.0) / t.iterations
+            refill[s] += min(_idle_after_syncs(t, pp[~meet]), max(bi - host, 0.0))
     if (n == 0).any():
         return None
+    sync_idle = refill / n
     pre, post = np.clip(pre / n, 0, None), np.clip(post / n, 0, None)
     return Stages(p=p, v=v, m=m, work=work / n, rest=pre + post,
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
                   gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
-                  meet=meets is not None, rest_before_meet=pre, p2p=p2p)
+                  meet=meets is not None, rest_before_meet=pre, p2p=p2p, sync_idle=sync_idle)
 
 
 def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, float]:
@@ -188,6 +211,30 @@ def _optimizer_ops(t: GpuTrace) -> np.ndarray:
         return np.zeros(t.n_ops, bool)
     is_opt = np.array([any(k in n for k in OPTIMIZER_KERNEL) for n in t.names] + [False])
     return is_opt[t.ops.name]  # code -1 (no name) takes the trailing False
+
+
+def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:
+    """GPU idle per step after the host's device syncs on PP exchanges:
+    each stretch with no op on the GPU is put down to the last host sync that returned before
+    it began; those whose sync waited for a PP send/recv count. (Megatron ends each batched
+    P2P call with ``torch.cuda.synchronize()``: the GPU drains, and runs dry until the host
+    has issued enough again.)"""
+    c = t.calls
+    sync = np.flatnonzero((c.c_kind == SYNC) & (c.c_target >= 0))
+    if not len(sync) or t.iterations < 1:
+        return 0.0
+    ret = t.ops.start[c.c_target[sync]] + t.ops.dur[c.c_target[sync]] + c.c_wake[sync]
+    on_pp = np.isin(c.c_target[sync], pp)
+    order_ = np.argsort(ret, kind="stable")
+    ret, on_pp = ret[order_], on_pp[order_]
+    s = t.ops.start
+    ce = np.maximum.accumulate(s + t.ops.dur)
+    idle_from, idle_to = ce[:-1], s[1:]  # ops are sorted by start
+    keep = idle_to > idle_from
+    idle_from, idle_to = idle_from[keep], idle_to[keep]
+    last = np.searchsorted(ret, idle_from, side="right") - 1
+    after_pp = (last >= 0) & on_pp[np.maximum(last, 0)]
+    return float((idle_to - idle_from)[after_pp].sum()) / t.iterations
 
 
 def _gaps_after(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
