@@ -118,3 +118,15 @@ def test_overlapped_p2p_takes_the_sync_idle_away_and_batched_keeps_it():
     assert ps.gains_ms(spec[ps.BATCHED], idle)["best"] == pytest.approx(ps.gains_ms(spec[ps.BATCHED], base)["best"])
     more = ps.gains_ms(spec[ps.OVERLAPPED], idle)["best"] - ps.gains_ms(spec[ps.OVERLAPPED], base)["best"]
     assert more == pytest.approx(4.0 * 19 / 16)
+
+
+def test_the_overlap_fix_is_priced_where_the_capture_batches(diagnosis):
+    """pp_overlap_p2p lists on an interleaved capture whose P2P ran batched, priced by the
+    schedule alone (no share model) at less than the step; a 1F1B capture does not list it."""
+    d = diagnosis("mcore_gb_pp4s_vpp2_m8")
+    fixes = {f["id"]: f for f in d.fixes}
+    assert "pp_overlap_p2p" in fixes
+    fix = fixes["pp_overlap_p2p"]
+    assert fix["gain_model"] == "replay:pp_schedule"
+    assert 0 < fix["gain_low_ms"] <= fix["expected_gain_ms"] <= fix["gain_high_ms"] < d.window["step_ms"]["mean"]
+    assert "pp_overlap_p2p" not in {f["id"] for f in diagnosis("mcore_gb_pp4s_m8").fixes}
