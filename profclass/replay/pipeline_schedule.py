@@ -159,7 +159,8 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
             c = t.calls
             host = max((float(c.c_gap[c.c_tid == tid].sum() + c.c_dur[c.c_tid == tid].sum())
                         for tid in np.unique(c.c_tid)), default=0.0) / t.iterations
-            refill[s] += min(_idle_after_syncs(t, pp[~meet]), max(bi - host, 0.0))
+            # (a collector's pause idles the GPU too, but it is in the rest already: not a refill)
+            refill[s] += min(max(_idle_after_syncs(t, pp[~meet]) - pz, 0.0), max(bi - host, 0.0))
     if (n == 0).any():
         return None
     sync_idle = refill / n
