@@ -51,7 +51,10 @@ UNCOVERED = {"fp8_base_1gpu", "grouped_base_1gpu", "gc_base_1gpu", "graphs2_base
              # its 4 -> 16 micro-batch pair: the share model prices a doubling (the replay takes the pair's factor)
              "mcore_wrapped_dense_tp2_pp2",
              # call J: --bias-activation-fusion with TorchDynamo off ran Megatron's fused SwiGLU eagerly (a loss)
-             "mcore_gb_pp4s_m8->gb_pp4s_m8_baf", "mcore_dense_tp2sp_pp2->tp2sp_pp2_baf"}
+             "mcore_gb_pp4s_m8->gb_pp4s_m8_baf", "mcore_dense_tp2sp_pp2->tp2sp_pp2_baf",
+             # calls L and M: VPP with overlapped P2P, which syncs nothing; the share model knows no P2P mode
+             "mcore_gb_pp4s_m8->gb_pp4s_vpp2_m8_ovl_mgc", "mcore_dense_tp2sp_pp2->tp2sp_pp2_vpp2_ovl",
+             "mcore_wrapped_dense_tp2_pp2->w_dense_tp2_pp2_vpp2_ovl"}
 
 
 def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows, diagnosis):
@@ -62,7 +65,8 @@ def test_every_pair_is_within_target_or_its_range_covers_the_realized_gain(rows,
     for r in rows:
         p = r["pair"]
         if r["pred"]["expected_gain_ms"] is None:
-            assert not all(diagnosis(p["base"]).numbers.get(k) is not None for k in PP_KEYS), p
+            if r["pred"]["gain_model"]:  # a fix with no share model (the schedule prices it) is never priced here
+                assert not all(diagnosis(p["base"]).numbers.get(k) is not None for k in PP_KEYS), p
             continue
         if not r["ok"]:
             assert f"`{p['base']}`" in doc, f"{p['base']}: the miss is not explained"
@@ -124,14 +128,14 @@ def test_untraced_reruns_are_whole_and_paired():
 
 
 @pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met by the share models: 36 of "
-                   "61, all judged without the profiler; the misses explained in docs/fixes.md (replicates that "
+                   "62, all judged without the profiler; the misses explained in docs/fixes.md (replicates that "
                    "disagree by more than the error, collector pauses, gains priced on the traced host)")
 def test_issue_target_80_percent_of_pairs(rows):
     assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
 
 
 @pytest.mark.xfail(strict=True, reason="issue 30's target (80% of the replayed pairs within max(15%, 3% of the "
-                   "step)) is not met: 33 of 61 untraced, 11 of 30 traced; docs/fixes.md 'Replayed gains' and "
+                   "step)) is not met: 33 of 62 untraced, 11 of 30 traced; docs/fixes.md 'Replayed gains' and "
                    "the issue-30 note give each miss's cause")
 def test_replay_target_80_percent_of_pairs(replay_rows):
     for judged in ("ok_untraced", "ok_traced"):
@@ -397,7 +401,11 @@ def test_registered_predictions_are_the_ones_committed_before_their_run():
         heading = p["registered"].split(": ", 1)[1]
         section = notes.split(f"### {heading}")[1].split("\n### ")[0]
         names = (f"`{p['base']}`", f"`{p['base'].removesuffix('_1gpu')}`")
+        # several pairs of one base and fix in a call are told apart by their key ("L2: ..." in
+        # the pair's change, "| L2 `base` ..." in the row)
+        key = re.match(r"([A-Z]\d+): ", p.get("change", ""))
         row = next(line for line in _rows_with_fix(section)
-                   if any(n in line.split("|")[1] for n in names) and re.search(rf"`{p['fix']}[`:]", line))
+                   if any(n in line.split("|")[1] for n in names) and re.search(rf"`{p['fix']}[`:]", line)
+                   and (key is None or line.split("|")[1].strip().startswith(key.group(1) + " ")))
         lo, best, hi = p["registered_prediction"]
         assert f"| {best:.2f} [{lo:.2f}, {hi:.2f}] |" in row, (p["base"], row)
