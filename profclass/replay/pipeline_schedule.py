@@ -13,27 +13,28 @@ with the chunk reversed.
 What the simulation takes from the capture (``measure``), per stage (mean over its ranks):
 
 - U, its per-micro-batch work: the stage's busy time (compute and non-PP collectives) and its
-  idle time (host gaps) per step, less its once-per-step rest, over m. Idle inside a forward or
-  backward is host pacing of that work: it stays with it;
-- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data): the
-  stretches between PP-group ops that hold the optimizer's kernels (``OPTIMIZER_KERNEL``), split
-  at the step's PP all-reduce where there is one (the gradient norm's: every stage waits there
-  for the others) into the part before and after it (on the first stage that rest also holds
-  the step's last backward slot and the next step's first forward);
+  idle time (host gaps) per step, less its once-per-step rest and its host's pauses, over m.
+  Idle inside a forward or backward is host pacing of that work: it stays with it;
+- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data, a collector's
+  pause): the stretches between PP-group ops that hold the optimizer's kernels
+  (``OPTIMIZER_KERNEL``), split at the step's PP all-reduce where there is one (the gradient
+  norm's: every stage waits there for the others) into the part before and after it (on the
+  first stage that rest also holds the step's last backward slot and the next step's first
+  forward);
 - x, the cost of one exchange: the PP send/recv kernel's floor (its 10th-percentile duration:
   the transfer when the peer is ready) plus the host's time from an exchange's end to the next
-  compute kernel (a quantile of the measured gaps: ``exchange_quantile``).
+  compute kernel (a quantile of the measured gaps: ``exchange_quantile``);
+- the P2P mode (batched, or overlapped: ``captured_p2p``) and the idle after the PP calls'
+  device syncs (``sync_idle``), which an overlapped schedule does not have.
 
-A forward slot of chunk c lasts F / v + x, a backward B / v + x, F + B = U - 2 x (the base's
-exchanges come out of U, so the base's own work is kept whatever x is), B = ``FB_RATIO`` F
-(backward ~2x a forward's FLOPs; a recomputed forward is inside the backward). A slot starts
-when its stage is free and its input is there: the forward of chunk c on stage s after the
-same chunk's forward on s - 1 (chunk c - 1 on the last stage for s = 0), the backward after
-the next stage's (chunk c + 1 on the first stage from the last), each plus x. After its last
-slot a stage runs its rest (with a PP all-reduce: the part before it, then waits for every
-stage to get there, then the part after it) and starts the next step's slots. ``STEPS`` steps
-run back to back; the step is the start-to-start time of the last two (a stage's rest can run
-beside another stage's last slots, which one step's makespan plus the rest would not see).
+A chunk's forward computes F / v, its backward B / v, F + B = U less the base's own calls (so
+the base's own work is kept whatever x is), B = ``FB_RATIO`` F (backward ~2x a forward's FLOPs;
+a recomputed forward is inside the backward). The stages run Megatron's P2P calls between them,
+each waiting for the peers Megatron's calls wait for (``p2p_calls``). After its last item a
+stage runs its rest (with a PP all-reduce: the part before it, then waits for every stage to get
+there, then the part after it) and starts the next step. ``STEPS`` steps run back to back; the
+step is the start-to-start time of the last two (a stage's rest can run beside another stage's
+last slots, which one step's makespan plus the rest would not see).
 """
 from __future__ import annotations
 
@@ -84,8 +85,8 @@ class Stages:
     gpu_stage: tuple = ()  # per GPU of the replay: its stage
     meet: bool = True  # the PP group all-reduces once a step: every stage waits there for the others
     rest_before_meet: np.ndarray | None = None  # per stage: the part of R before that all-reduce
-    p2p: str = BATCHED  # how the capture's interleaved exchanges ran (BATCHED or OVERLAPPED; 1F1B: BATCHED)
-    sync_idle: np.ndarray | None = None  # per stage, ns per step: GPU idle after the PP calls' device syncs that a host ahead would not leave
+    p2p: str = BATCHED  # how the capture's interleaved exchanges ran (1F1B's: BATCHED)
+    sync_idle: np.ndarray | None = None  # per stage, ns per step: idle after P2P device syncs (not an overlapped job's)
 
 
 def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = None) -> float:
@@ -99,17 +100,14 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
     floor = min(st.floor, x)
     calls = np.array([p2p_calls.calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
     own = x if st.p2p == BATCHED or st.v == 1 else floor
-    u = st.work if work is None else work
     mode = BATCHED if v == 1 else (p2p or st.p2p)
-    rest = st.rest
+    st = st if work is None else replace(st, work=work)
     if mode == OVERLAPPED and st.p2p == BATCHED and st.sync_idle is not None:
-        share = st.m * u / np.maximum(st.m * u + st.rest, 1)  # as less_host: work and rest by their time
-        u, rest = u - share * st.sync_idle / st.m, np.clip(st.rest - (1 - share) * st.sync_idle, 0, None)
-    f = np.clip(u - calls * own, 0, None) / (1 + FB_RATIO)
+        st = less_host(st, st.sync_idle)  # the refill idle goes, from work and rest by their time
+    f = np.clip(st.work - calls * own, 0, None) / (1 + FB_RATIO)
     pre = st.rest_before_meet if st.rest_before_meet is not None else np.zeros(st.p)
-    pre = np.minimum(pre, rest)
     cost = np.full(st.p, x if mode == BATCHED else floor)
-    return periodic_step(st.p, v, m, f / v, FB_RATIO * f / v, cost, pre, rest - pre, st.meet,
+    return periodic_step(st.p, v, m, f / v, FB_RATIO * f / v, cost, pre, st.rest - pre, st.meet,
                          floor=floor, mode=mode)
 
 
