@@ -213,7 +213,8 @@ def _optimizer_ops(t: GpuTrace) -> np.ndarray:
 
 
 def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:
-    """GPU idle per step after the host's device syncs on PP exchanges:
+    """GPU idle per step after the host's device syncs on PP exchanges, as the median sync's
+    idle times the syncs per step (a stall in one step is not a refill every sync pays):
     each stretch with no op on the GPU is put down to the last host sync that returned before
     it began; those whose sync waited for a PP send/recv count. (Megatron ends each batched
     P2P call with ``torch.cuda.synchronize()``: the GPU drains, and runs dry until the host
@@ -233,7 +234,8 @@ def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:
     idle_from, idle_to = idle_from[keep], idle_to[keep]
     last = np.searchsorted(ret, idle_from, side="right") - 1
     after_pp = (last >= 0) & on_pp[np.maximum(last, 0)]
-    return float((idle_to - idle_from)[after_pp].sum()) / t.iterations
+    per_sync = np.bincount(last[after_pp], weights=(idle_to - idle_from)[after_pp], minlength=len(ret))[on_pp]
+    return float(np.median(per_sync)) * len(per_sync) / t.iterations
 
 
 def _gaps_after(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
