@@ -153,10 +153,10 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
         gaps.append(_gaps_after(t, pp))
         if p2p == BATCHED or v == 1:
             # a host ahead would not leave it, but a host slower than its GPU leaves its lag
-            # anyway: no more than the stage's time above its host's own CPU time per step
-            c = t.calls
-            host = max((float(c.c_gap[c.c_tid == tid].sum() + c.c_dur[c.c_tid == tid].sum())
-                        for tid in np.unique(c.c_tid)), default=0.0) / t.iterations
+            # anyway: no more than the stage's time above its host's own CPU time per step, all
+            # its launching threads together (PyTorch's autograd thread issues the backward while
+            # the main thread waits in backward(): they take turns)
+            host = float(t.calls.c_gap.sum() + t.calls.c_dur.sum()) / t.iterations
             # (a collector's pause idles the GPU too, but it is in the rest already: not a refill)
             refill[s] += min(max(_idle_after_syncs(t, pp[~meet]) - pz, 0.0), max(bi - host, 0.0))
     if (n == 0).any():
