@@ -132,9 +132,10 @@ def calls_per_microbatch(p: int, v: int, m: int, s: int, mode: str = "batched", 
 
 
 def kernels_per_step(p: int, v: int, m: int, s: int, mode: str = "batched", group: int | None = None) -> int:
-    """The NCCL kernels stage ``s``'s calls launch per step: one per batched call, one per
-    tensor of a posted one (Megatron's ``_p2p_ops`` issues each isend and irecv on its own)."""
-    return sum(1 if it[0] == "X" else len(it[1]) + len(it[2])
+    """The NCCL kernels stage ``s``'s calls launch per step: one per batched call; without
+    batching (the overlapped mode, blocking calls too) one per tensor, as Megatron's
+    ``_p2p_ops`` issues each isend and irecv on its own."""
+    return sum(1 if it[0] == "X" and mode == "batched" else len(it[1]) + len(it[2])
                for it in program(p, v, m, s, mode, group) if it[0] in "XP")
 
 
