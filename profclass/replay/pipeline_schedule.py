@@ -43,7 +43,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import p2p_calls
-from .schedule_order import Schedule, order, warmup  # noqa: F401 (order: the public op order)
+from .p2p_calls import simulate  # the schedule, call by call
+from .schedule_order import order  # noqa: F401 (the public op order: tests and callers read it here)
 from .trace import COMM, SYNC, GpuTrace
 
 FLOOR_QUANTILE = 0.10  # the PP kernel's floor: the transfer when the peer is ready (as trace.TYPICAL_QUANTILE)
@@ -54,12 +55,6 @@ BATCHED, OVERLAPPED = "batched", "overlapped"
 
 
 STEPS = 3  # steps simulated back to back: the last one's start-to-start is the steady step
-
-
-def simulate(p: int, v: int, m: int, f_comp, b_comp, x: float, floor: float = 0.0, mode: str = BATCHED,
-             group: int | None = None, pre=None, post=None, meet: bool = False, steps: int = 1):
-    """One or more steps of the schedule, call by call (``p2p_calls.simulate``)."""
-    return p2p_calls.simulate(p, v, m, f_comp, b_comp, x, floor, mode, group, pre, post, meet, steps)
 
 
 def periodic_step(p: int, v: int, m: int, f_comp, b_comp, x: float, pre, post, meet: bool,
@@ -287,8 +282,7 @@ def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns
     meets = [np.isin(p_ops, kd["op"][(kd["group"] == "PP") & (kd["collective"] == "all_reduce")])
              for p_ops, kd in zip(pp, keyed)]
     v = pipeline.virtual_stages or 1
-    sendrecv = [float(((kd["group"] == "PP") & (kd["collective"] != "all_reduce")).sum()) / max(t.iterations, 1)
-                for t, kd in zip(traces, keyed)]
+    sendrecv = [float((~mt).sum()) / max(t.iterations, 1) for mt, t in zip(meets, traces)]  # PP ops but the all-reduce
     st = measure(traces, pp, stage, pipeline.stages, v, pipeline.microbatches,
                  [(rows[r]["busy_ms"] + rows[r]["idle_ms"]) * 1e6 for r in ranks], list(step_ns),
                  meets if any(mt.any() for mt in meets) else None, pause_ns,
