@@ -244,6 +244,7 @@ def _gaps_after(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
 
 
 KIND = "pp_schedule"  # the transform kind of data/fixes.toml that this module prices
+CHANGE_KEYS = ("vpp", "microbatches", "p2p", "balance")  # the schedule changes a pp_schedule spec can hold together
 POINTS = ("low", "best", "high")
 
 
