@@ -245,6 +245,12 @@ def _gaps_after(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
 
 KIND = "pp_schedule"  # the transform kind of data/fixes.toml that this module prices
 CHANGE_KEYS = ("vpp", "microbatches", "p2p", "balance")  # the schedule changes a pp_schedule spec can hold together
+
+
+def takes(spec: dict) -> set:
+    """The keys of a requested change a fix's transform takes: its own, and on a schedule change
+    every schedule size (a pair that doubled the micro-batches and interleaved at once)."""
+    return set(spec) | (set(CHANGE_KEYS) if spec.get("kind") == KIND else set())
 POINTS = ("low", "best", "high")
 
 

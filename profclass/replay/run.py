@@ -237,10 +237,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
     for f in chosen:
         spec = table.get(f["id"], {}).get("transform")
         if spec and f.get("change"):
-            # a change the transform takes; a schedule change may also carry the other schedule
-            # sizes (a pair that doubled the micro-batches and interleaved at once)
-            takes = set(spec) | (set(pipeline_schedule.CHANGE_KEYS) if spec["kind"] == pipeline_schedule.KIND else set())
-            spec = {**spec, **{k: v for k, v in f["change"].items() if k in takes}}
+            spec = {**spec, **{k: v for k, v in f["change"].items() if k in pipeline_schedule.takes(spec)}}
         if not spec:
             continue
         if spec["kind"] == pipeline_schedule.KIND:
