@@ -130,3 +130,21 @@ def test_the_overlap_fix_is_priced_where_the_capture_batches(diagnosis):
     assert fix["gain_model"] == "replay:pp_schedule"
     assert 0 < fix["gain_low_ms"] <= fix["expected_gain_ms"] <= fix["gain_high_ms"] < d.window["step_ms"]["mean"]
     assert "pp_overlap_p2p" not in {f["id"] for f in diagnosis("mcore_gb_pp4s_m8").fixes}
+
+
+def test_the_report_states_the_schedule_its_p2p_mode_and_sync_idle(diagnosis):
+    """replay.pipeline_schedule carries the captured P2P mode and each stage's idle after the
+    P2P syncs (schema 2.7.0), and the report says them in words; a job with no pipeline has
+    neither."""
+    from profclass import formatting
+
+    d = diagnosis("mcore_gb_pp4s_vpp2_m8")
+    sched = d.replay["pipeline_schedule"]
+    assert sched["p2p"] == ps.BATCHED and len(sched["sync_idle_ms"]) == 4
+    assert all(x >= 0 for x in sched["sync_idle_ms"]) and max(sched["sync_idle_ms"]) > 0
+    line = next(x for x in formatting.replay_lines(d) if x.startswith("Pipeline schedule"))
+    assert "interleaved (2 chunks a stage, P2P batched)" in line, line
+    assert f"{sched['sync_idle_ms'][3]:.1f}" in line and f"{sched['simulated_step_ms']:.1f} ms" in line
+    flat = diagnosis("mcore_ep4_base")
+    assert "pipeline_schedule" not in flat.replay
+    assert not any(x.startswith("Pipeline schedule") for x in formatting.replay_lines(flat))

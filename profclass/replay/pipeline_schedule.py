@@ -161,7 +161,8 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
     return Stages(p=p, v=v, m=m, work=work / n, rest=pre + post,
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
                   gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
-                  meet=meets is not None, rest_before_meet=pre, p2p=p2p, sync_idle=sync_idle)
+                  meet=meets is not None, rest_before_meet=pre, p2p=p2p,
+                  sync_idle=sync_idle if p2p == BATCHED or v == 1 else None)
 
 
 def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, float]:
@@ -397,4 +398,5 @@ def fidelity(st: Stages) -> dict:
                 error_pct=round(100.0 * (sim - meas) / meas, 2) if meas else None,
                 work_ms_per_microbatch=[round(float(u) / 1e6, 3) for u in st.work],
                 rest_ms=[round(float(r) / 1e6, 3) for r in st.rest],
-                exchange_ms=round(exchange_cost(st, 0.5) / 1e6, 3))
+                exchange_ms=round(exchange_cost(st, 0.5) / 1e6, 3), p2p=st.p2p,
+                sync_idle_ms=None if st.sync_idle is None else [round(float(s) / 1e6, 3) for s in st.sync_idle])
