@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import profclass
-from profclass.replay import p2p_calls as pc
+from profclass.analyzers import pp_program as pc
 from profclass.replay import pipeline_schedule as ps
 from profclass.replay.run import Replayer
 
@@ -78,9 +78,9 @@ def test_captured_mode_is_the_closest_kernel_count():
     p, v, m, stage = 4, 2, 8, [0, 1, 2, 3]
     batched = [pc.kernels_per_step(p, v, m, s, ps.BATCHED) for s in stage]
     overlapped = [pc.kernels_per_step(p, v, m, s, ps.OVERLAPPED) for s in stage]
-    assert ps.captured_p2p(p, v, m, stage, batched) == ps.BATCHED
-    assert ps.captured_p2p(p, v, m, stage, overlapped) == ps.OVERLAPPED
-    assert ps.captured_p2p(p, 1, m, stage, overlapped) == ps.BATCHED  # 1F1B's calls are batched
+    assert pc.captured_p2p(p, v, m, stage, batched) == ps.BATCHED
+    assert pc.captured_p2p(p, v, m, stage, overlapped) == ps.OVERLAPPED
+    assert pc.captured_p2p(p, 1, m, stage, overlapped) == ps.BATCHED  # 1F1B's calls are batched
 
 
 def test_a_requested_mode_moves_the_price():
@@ -148,3 +148,19 @@ def test_the_report_states_the_schedule_its_p2p_mode_and_sync_idle(diagnosis):
     flat = diagnosis("mcore_ep4_base")
     assert "pipeline_schedule" not in flat.replay
     assert not any(x.startswith("Pipeline schedule") for x in formatting.replay_lines(flat))
+
+
+def test_the_pipeline_analyzer_reads_the_mode_and_the_overlap_fix_needs_batched(diagnosis):
+    """pipeline.p2p and per_stage[].sendrecv_per_step (schema 2.8.0) on the batched interleaved
+    capture: the program's kernels per stage within the window's edges; pp_overlap_p2p applies
+    where the mode is batched and not where it is overlapped (a capture that already overlaps)."""
+    from profclass import fixes
+
+    d = diagnosis("mcore_gb_pp4s_vpp2_m8")
+    assert d.pipeline["p2p"] == pc.BATCHED
+    for row in d.pipeline["per_stage"]:
+        assert abs(row["sendrecv_per_step"] - pc.kernels_per_step(4, 2, 8, row["stage"], pc.BATCHED)) <= 1, row
+    fix = next(f for f in fixes.load_table() if f["id"] == "pp_overlap_p2p")
+    ctx = {"pp_interleaved": True, "pp_p2p_batched": True, "scope": "training"}
+    assert fixes._applies(fix, ctx, {})
+    assert not fixes._applies(fix, {**ctx, "pp_p2p_batched": False}, {})

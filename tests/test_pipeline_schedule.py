@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from profclass.analyzers.pp_program import order
 from profclass.replay import pipeline_schedule as ps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,10 +21,10 @@ def test_1f1b_order_is_megatrons():
     """forward_backward_pipelining_without_interleaving: min(p - r - 1, m) warm-up forwards,
     then one forward and one backward a step, then the remaining backwards."""
     F, B = (lambda i: (False, 0, i)), (lambda i: (True, 0, i))
-    assert ps.order(2, 1, 2, 0) == [F(0), F(1), B(0), B(1)]
-    assert ps.order(2, 1, 2, 1) == [F(0), B(0), F(1), B(1)]
-    assert ps.order(4, 1, 2, 0) == [F(0), F(1), B(0), B(1)]  # warm-up capped at m
-    assert ps.order(4, 1, 8, 1)[:4] == [F(0), F(1), F(2), B(0)]
+    assert order(2, 1, 2, 0) == [F(0), F(1), B(0), B(1)]
+    assert order(2, 1, 2, 1) == [F(0), B(0), F(1), B(1)]
+    assert order(4, 1, 2, 0) == [F(0), F(1), B(0), B(1)]  # warm-up capped at m
+    assert order(4, 1, 8, 1)[:4] == [F(0), F(1), F(2), B(0)]
 
 
 def test_interleaved_order_is_megatrons():
@@ -31,11 +32,11 @@ def test_interleaved_order_is_megatrons():
     (p - r - 1) * 2 + (v - 1) * p = 4 chunk-forwards in get_schedule_table's order (groups of p
     micro-batches, chunk by chunk), backwards in the same order with the chunk reversed."""
     F, B = (lambda c, i: (False, c, i)), (lambda c, i: (True, c, i))
-    assert ps.order(2, 2, 4, 0) == [F(0, 0), F(0, 1), F(1, 0), F(1, 1),
+    assert order(2, 2, 4, 0) == [F(0, 0), F(0, 1), F(1, 0), F(1, 1),
                                     F(0, 2), B(1, 0), F(0, 3), B(1, 1), F(1, 2), B(0, 0), F(1, 3), B(0, 1),
                                     B(1, 2), B(1, 3), B(0, 2), B(0, 3)]
-    assert len(ps.order(4, 2, 4, 3)) == 2 * 2 * 4
-    assert ps.order(4, 2, 4, 0)[:8] == [F(c, i) for c in (0, 1) for i in range(4)]  # all warm-up: min(10, 8)
+    assert len(order(4, 2, 4, 3)) == 2 * 2 * 4
+    assert order(4, 2, 4, 0)[:8] == [F(c, i) for c in (0, 1) for i in range(4)]  # all warm-up: min(10, 8)
 
 
 def test_p2_m2_by_hand():

@@ -20,6 +20,7 @@ import numpy as np
 from .. import intervals as iv
 from .job import GpuRecord, Job, evidence_row
 from .layout import Layout
+from .pp_program import captured_p2p
 from .protocol import Analyzer
 from .results import CommAnalysis, PipelineResult
 
@@ -44,9 +45,12 @@ def _per_rank(rec: GpuRecord, kernels, groups: dict) -> dict:
     pp = iv.clip(iv.union(kernels["start"].to_numpy()[is_pp], kernels["end"].to_numpy()[is_pp]), lo, hi)
     its = rec.iterations
     blocked = iv.total(iv.subtract(pp, busy))
+    starts = kernels["start"].to_numpy()
+    sendrecv = is_pp & (kernels["collective"] != "all_reduce").to_numpy() & (starts >= lo) & (starts < hi)
     return dict(stage=_stage_of(rec.gpu.rank, groups), rank=rec.gpu.rank,
                 busy_ms=round(iv.total(busy) / its / 1e6, 3), bubble_ms=round(blocked / its / 1e6, 3),
-                idle_ms=round(((hi - lo) - iv.total(busy) - blocked) / its / 1e6, 3))
+                idle_ms=round(((hi - lo) - iv.total(busy) - blocked) / its / 1e6, 3),
+                sendrecv_per_step=round(float(sendrecv.sum()) / its, 2))
 
 
 def measure(records: list[GpuRecord], lay: Layout, comm: CommAnalysis) -> PipelineResult:
@@ -69,6 +73,9 @@ def measure(records: list[GpuRecord], lay: Layout, comm: CommAnalysis) -> Pipeli
         slowest = max(stage_busy, key=stage_busy.get)
         sizes.update(slowest_stage=slowest, imbalance_at_end_stage=slowest in (0, p - 1),
                      stage_imbalance_ms=round(stage_busy[slowest] - float(np.mean(list(stage_busy.values()))), 3))
+    if sizes["microbatches"] and None not in stage_busy:  # the mode whose calls' kernels the ranks launched
+        sizes["p2p"] = captured_p2p(p, sizes["virtual_stages"] or 1, sizes["microbatches"],
+                                    [x["stage"] for x in rows], [x["sendrecv_per_step"] for x in rows])
     return PipelineResult(**sizes, per_stage=sorted(rows, key=lambda x: (x["stage"] is None, x["stage"], x["rank"])),
                           bubble_ms_per_step=bubble, bubble_share=round(bubble / step, 4) if step else None)
 
@@ -98,6 +105,7 @@ def facts(job: Job, numbers: dict) -> dict:
     has_pp = bool(r and r.stages and r.stages > 1)
     imbalanced = has_pp and numbers["stage_imbalance_ms"] >= IMBALANCE_MIN * step
     return dict(pp=has_pp, pp_interleaved=bool(has_pp and (r.virtual_stages or 1) > 1),
+                pp_p2p_batched=bool(has_pp and r.p2p != "overlapped"),
                 pp_bubble_exposed=has_pp and numbers["pp_bubble_ms"] >= IMBALANCE_MIN * step,
                 pp_stage_imbalance=bool(imbalanced and r.imbalance_at_end_stage))
 

@@ -165,6 +165,7 @@ class PipelineResult:
     slowest_stage: int | None = None
     stage_imbalance_ms: float | None = None
     imbalance_at_end_stage: bool = False  # the slowest stage is the first or the last
+    p2p: str | None = None  # how its exchanges ran: "batched" or "overlapped" (pp_program.captured_p2p)
     per_stage: list = field(default_factory=list)  # {stage, rank, busy_ms, bubble_ms, idle_ms}
 
     def to_dict(self) -> dict:

@@ -24,13 +24,13 @@ What the simulation takes from the capture (``measure``), per stage (mean over i
 - x, the cost of one exchange: the PP send/recv kernel's floor (its 10th-percentile duration:
   the transfer when the peer is ready) plus the host's time from an exchange's end to the next
   compute kernel (a quantile of the measured gaps: ``exchange_quantile``);
-- the P2P mode (batched, or overlapped: ``captured_p2p``) and the idle after the PP calls'
+- the P2P mode (batched, or overlapped: the pipeline analyzer's, ``pp_program.captured_p2p``) and the idle after the PP calls'
   device syncs (``sync_idle``), which an overlapped schedule does not have.
 
 A chunk's forward computes F / v, its backward B / v, F + B = U less the base's own calls (so
 the base's own work is kept whatever x is), B = ``FB_RATIO`` F (backward ~2x a forward's FLOPs;
 a recomputed forward is inside the backward). The stages run Megatron's P2P calls between them,
-each waiting for the peers Megatron's calls wait for (``p2p_calls``). After its last item a
+each waiting for the peers Megatron's calls wait for (``p2p_calls``, ``pp_program``). After its last item a
 stage runs its rest (with a PP all-reduce: the part before it, then waits for every stage to get
 there, then the part after it) and starts the next step. ``STEPS`` steps run back to back; the
 step is the start-to-start time of the last two (a stage's rest can run beside another stage's
@@ -42,16 +42,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import p2p_calls
+from ..analyzers.pp_program import BATCHED, OVERLAPPED, calls_per_microbatch
 from .p2p_calls import simulate  # the schedule, call by call
-from .schedule_order import order  # noqa: F401 (the public op order: tests and callers read it here)
 from .trace import COMM, SYNC, GpuTrace
 
 FLOOR_QUANTILE = 0.10  # the PP kernel's floor: the transfer when the peer is ready (as trace.TYPICAL_QUANTILE)
 FB_RATIO = 2.0  # a backward's time over its forward's: twice the FLOPs (input and weight gradients)
-# an interleaved schedule's exchanges: batched calls that wait for both neighbours
-# (batch_p2p_comm, p2p_calls), or each tensor waited for where it is used (overlap_p2p_comm)
-BATCHED, OVERLAPPED = "batched", "overlapped"
 
 
 STEPS = 3  # steps simulated back to back: the last one's start-to-start is the steady step
@@ -93,7 +89,7 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
     refill idle a host ahead would not leave (``sync_idle``) leaves the stages' time. The
     base's own calls come out of U first (a stage's work per micro-batch is measured with them)."""
     floor = min(st.floor, x)
-    calls = np.array([p2p_calls.calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
+    calls = np.array([calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
     own = x if st.p2p == BATCHED or st.v == 1 else floor
     mode = BATCHED if v == 1 else (p2p or st.p2p)
     st = st if work is None else replace(st, work=work)
@@ -255,19 +251,6 @@ def takes(spec: dict) -> set:
 POINTS = ("low", "best", "high")
 
 
-def captured_p2p(p: int, v: int, m: int, stage: list, sendrecv_per_step: list[float]) -> str:
-    """How an interleaved capture's exchanges ran: the mode whose calls' kernels
-    (``p2p_calls.kernels_per_step``) come closest to the GPUs' PP send/recv kernels per step. 1F1B's
-    calls are batched whatever the configuration says."""
-    if v < 2:
-        return BATCHED
-
-    def off(mode: str) -> float:
-        return sum(abs(p2p_calls.kernels_per_step(p, v, m, s, mode) - n)
-                   for s, n in zip(stage, sendrecv_per_step))
-    return min((BATCHED, OVERLAPPED), key=off)
-
-
 def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns,
              pause_ns: list[float] | None = None) -> tuple[Stages | None, str]:
     """The job's schedule inputs from the replay's traces (``keyed``: each GPU's comm ops with
@@ -289,12 +272,9 @@ def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns
     # the stages meet once a step where the PP group all-reduces (the gradient norm, embeddings)
     meets = [np.isin(p_ops, kd["op"][(kd["group"] == "PP") & (kd["collective"] == "all_reduce")])
              for p_ops, kd in zip(pp, keyed)]
-    v = pipeline.virtual_stages or 1
-    sendrecv = [float((~mt).sum()) / max(t.iterations, 1) for mt, t in zip(meets, traces)]  # PP ops but the all-reduce
-    st = measure(traces, pp, stage, pipeline.stages, v, pipeline.microbatches,
+    st = measure(traces, pp, stage, pipeline.stages, pipeline.virtual_stages or 1, pipeline.microbatches,
                  [(rows[r]["busy_ms"] + rows[r]["idle_ms"]) * 1e6 for r in ranks], list(step_ns),
-                 meets if any(mt.any() for mt in meets) else None, pause_ns,
-                 captured_p2p(pipeline.stages, v, pipeline.microbatches, stage, sendrecv))
+                 meets if any(mt.any() for mt in meets) else None, pause_ns, pipeline.p2p or BATCHED)
     return st, "" if st is not None else "a stage has fewer than two PP exchanges in its window"
 
 
