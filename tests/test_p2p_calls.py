@@ -164,3 +164,19 @@ def test_the_pipeline_analyzer_reads_the_mode_and_the_overlap_fix_needs_batched(
     ctx = {"pp_interleaved": True, "pp_p2p_batched": True, "scope": "training"}
     assert fixes._applies(fix, ctx, {})
     assert not fixes._applies(fix, {**ctx, "pp_p2p_batched": False}, {})
+
+
+def test_overlapped_kernels_slow_the_compute_beside_them_by_hand():
+    """Balanced stages (busy 2 ms of a 3 ms micro-batch), no exchange cost: an overlapped
+    interleaved schedule from a batched capture lengthens every chunk slot by the slowdown's
+    share of its busy time, so the step grows by (v m + p - 1) / v x slowdown x busy; a batched
+    one, or a capture that already overlapped (its busy time has it), does not move."""
+    st = ps.Stages(p=4, v=1, m=8, work=np.full(4, 3e6), rest=np.zeros(4), floor=0.0, gaps=np.zeros(8),
+                   measured_step=0.0, gpu_stage=(0, 1, 2, 3), meet=False, sync_idle=np.zeros(4),
+                   busy=np.full(4, 2e6))
+    s = ps.OVERLAP_SLOWDOWN[1]
+    grow = ps.step_ns(st, 2, 8, 0.0, p2p=ps.OVERLAPPED, slowdown=s) - ps.step_ns(st, 2, 8, 0.0, p2p=ps.OVERLAPPED)
+    assert grow == pytest.approx((2 * 8 + 4 - 1) / 2 * s * 2e6)
+    assert ps.step_ns(st, 2, 8, 0.0, p2p=ps.BATCHED, slowdown=s) == ps.step_ns(st, 2, 8, 0.0, p2p=ps.BATCHED)
+    ovl = replace(st, v=2, p2p=ps.OVERLAPPED)
+    assert ps.step_ns(ovl, 2, 8, 0.0, slowdown=s) == ps.step_ns(ovl, 2, 8, 0.0)

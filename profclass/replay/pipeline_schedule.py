@@ -48,6 +48,13 @@ from .trace import COMM, SYNC, GpuTrace
 
 FLOOR_QUANTILE = 0.10  # the PP kernel's floor: the transfer when the peer is ready (as trace.TYPICAL_QUANTILE)
 FB_RATIO = 2.0  # a backward's time over its forward's: twice the FLOPs (input and weight gradients)
+# overlapped P2P's NCCL kernels run beside the compute they were posted ahead of and share its
+# SMs: a stage's busy time grows by this share at the (low, best, high) points. Measured on twin
+# traced captures of one job (gpubound2 PP 4 x VPP 2, batched and overlapped, fifteenth
+# session's p2pprobe): the same compute kernels took +3.2, +0.9, +2.8 and -0.2% on the four
+# GPUs overlapped (GEMMs running beside a send/recv kernel 10-20% slower): the largest, the mean,
+# none
+OVERLAP_SLOWDOWN = (0.032, 0.017, 0.0)
 
 
 STEPS = 3  # steps simulated back to back: the last one's start-to-start is the steady step
@@ -78,24 +85,29 @@ class Stages:
     rest_before_meet: np.ndarray | None = None  # per stage: the part of R before that all-reduce
     p2p: str = BATCHED  # how the capture's interleaved exchanges ran (1F1B's: BATCHED)
     sync_idle: np.ndarray | None = None  # per stage, ns per step: idle after P2P device syncs (not an overlapped job's)
+    busy: np.ndarray | None = None  # per stage, ns per micro-batch: U's busy part (compute, non-PP collectives)
 
 
-def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = None) -> float:
+def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = None, slowdown: float = 0.0) -> float:
     """The simulated step at (v, m) with exchange cost ``x``, the exchanges run as ``p2p``
     (default: as captured; 1F1B's are batched). A batched call ends in a device sync
     (``batch_p2p_sync``) and costs ``x``: the transfer's floor and the host's gap to the next
     kernel; the idle the host's refill leaves after it is in the stage's measured work. An
     overlapped schedule syncs nothing: its calls cost the GPU the transfer's floor, and the
-    refill idle a host ahead would not leave (``sync_idle``) leaves the stages' time. The
-    base's own calls come out of U first (a stage's work per micro-batch is measured with them)."""
+    refill idle a host ahead would not leave (``sync_idle``) leaves the stages' time, and its
+    posted kernels slow the compute beside them (``slowdown`` of the busy time). The base's own
+    calls come out of U first (a stage's work per micro-batch is measured with them)."""
     floor = min(st.floor, x)
     calls = np.array([calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
     own = x if st.p2p == BATCHED or st.v == 1 else floor
     mode = BATCHED if v == 1 else (p2p or st.p2p)
     st = st if work is None else replace(st, work=work)
-    if mode == OVERLAPPED and st.p2p == BATCHED and st.sync_idle is not None:
-        st = less_host(st, st.sync_idle)  # the refill idle goes, from work and rest by their time
-    f = np.clip(st.work - calls * own, 0, None) / (1 + FB_RATIO)
+    shared = 0.0
+    if mode == OVERLAPPED and st.p2p == BATCHED:
+        shared = slowdown * (st.busy if st.busy is not None else st.work)  # the SMs the posted kernels take
+        if st.sync_idle is not None:
+            st = less_host(st, st.sync_idle)  # the refill idle goes, from work and rest by their time
+    f = (np.clip(st.work - calls * own, 0, None) + shared) / (1 + FB_RATIO)
     pre = st.rest_before_meet if st.rest_before_meet is not None else np.zeros(st.p)
     cost = np.full(st.p, x if mode == BATCHED else floor)
     return periodic_step(st.p, v, m, f / v, FB_RATIO * f / v, cost, pre, st.rest - pre, st.meet,
@@ -108,16 +120,17 @@ def exchange_cost(st: Stages, q: float) -> float:
 
 def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: int, v: int, m: int,
             busy_idle_ns: list[float], step_ns: list[float], meets: list[np.ndarray] | None = None,
-            pause_ns: list[float] | None = None, p2p: str = BATCHED) -> Stages | None:
+            pause_ns: list[float] | None = None, p2p: str = BATCHED, busy_ns: list[float] | None = None) -> Stages | None:
     """Per stage U and R (mean over its ranks; R split at the stages' meeting point), the
     exchange's floor and the host gaps after exchanges. ``pp_ops``: per GPU, its PP-group ops
     (trace indices); ``meets``: per GPU, which of them are the step's PP all-reduce (None: no
     meeting); ``busy_idle_ns``: per GPU, its busy plus idle time per step (the pipeline
     analyzer's, no PP blocking in it); ``pause_ns``: per GPU, its host's pauses per step (the
-    collector's: once, not per micro-batch: they leave U for the rest)."""
+    collector's: once, not per micro-batch: they leave U for the rest); ``busy_ns``: per GPU,
+    its busy time per step."""
     if not p or p < 2 or not m or any(s is None for s in stage):
         return None
-    work, pre, post = np.zeros(p), np.zeros(p), np.zeros(p)
+    work, pre, post, busy = np.zeros(p), np.zeros(p), np.zeros(p), np.zeros(p)
     n = np.zeros(p)
     floors, gaps = [], []
     pauses = pause_ns if pause_ns is not None else [0.0] * len(traces)
@@ -137,6 +150,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
         # a pause holds the stage once a step: before the meeting point, where the others wait for it
         r_pre, r_post = (r_pre + pz, r_post) if meets is not None else (r_pre, r_post + pz)
         work[s] += u
+        busy[s] += (busy_ns[gi] if busy_ns is not None else bi - pz - r_pre - r_post) / m
         pre[s] += r_pre
         post[s] += r_post
         n[s] += 1
@@ -157,7 +171,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
     return Stages(p=p, v=v, m=m, work=work / n, rest=pre + post,
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
                   gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
-                  meet=meets is not None, rest_before_meet=pre, p2p=p2p,
+                  meet=meets is not None, rest_before_meet=pre, p2p=p2p, busy=busy / n,
                   sync_idle=sync_idle if p2p == BATCHED or v == 1 else None)
 
 
@@ -274,7 +288,8 @@ def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns
              for p_ops, kd in zip(pp, keyed)]
     st = measure(traces, pp, stage, pipeline.stages, pipeline.virtual_stages or 1, pipeline.microbatches,
                  [(rows[r]["busy_ms"] + rows[r]["idle_ms"]) * 1e6 for r in ranks], list(step_ns),
-                 meets if any(mt.any() for mt in meets) else None, pause_ns, pipeline.p2p or BATCHED)
+                 meets if any(mt.any() for mt in meets) else None, pause_ns, pipeline.p2p or BATCHED,
+                 [rows[r]["busy_ms"] * 1e6 for r in ranks])
     return st, "" if st is not None else "a stage has fewer than two PP exchanges in its window"
 
 
@@ -320,7 +335,8 @@ def combined_ms(specs: list[dict], st: Stages, q: float = 0.5) -> float | None:
     v, m, work, samples = _sizes(specs, st)
     if m < 1 or m != int(m) or (v > 1 and m < st.p):
         return None
-    return step_ns(st, v, int(m), exchange_cost(st, q), work=work, p2p=p2p_mode(specs, st)) / samples / 1e6
+    return step_ns(st, v, int(m), exchange_cost(st, q), work=work, p2p=p2p_mode(specs, st),
+                   slowdown=OVERLAP_SLOWDOWN[1]) / samples / 1e6
 
 
 def gains_ms(spec: dict, st: Stages) -> dict | None:
@@ -334,7 +350,8 @@ def gains_ms(spec: dict, st: Stages) -> dict | None:
     for point in POINTS:
         x = exchange_cost(st, _pick(spec.get("exchange_quantile", 0.5), point))
         base = step_ns(st, st.v, st.m, x)
-        new = step_ns(st, v, int(m), x, work=work, p2p=p2p_mode([spec], st, point)) / samples
+        new = step_ns(st, v, int(m), x, work=work, p2p=p2p_mode([spec], st, point),
+                      slowdown=OVERLAP_SLOWDOWN[POINTS.index(point)]) / samples
         out[point] = (base - new) / 1e6
     return out
 
