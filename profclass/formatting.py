@@ -88,7 +88,8 @@ def replay_lines(d) -> list[str]:
     if ps and ps.get("error_pct") is not None:
         kind = "1F1B" if ps["v"] == 1 else f"interleaved ({ps['v']} chunks a stage, P2P {ps.get('p2p', 'batched')})"
         line = (f"Pipeline schedule: Megatron-Core's {kind} simulated at p {ps['p']}, m {ps['m']} takes "
-                f"{ps['simulated_step_ms']:.1f} ms ({ps['error_pct']:+.2f}% of the measured); the PP fixes are priced on it")
+                f"{ps['simulated_step_ms']:.1f} ms ({ps['error_pct']:+.2f}% of the measured); "
+                "the PP fixes are priced on it")
         if ps.get("sync_idle_ms"):
             line += ("; the GPUs idle after the P2P calls' device syncs, ms/step by stage: "
                      + ", ".join(f"{x:.1f}" for x in ps["sync_idle_ms"]))

@@ -164,9 +164,8 @@ def kernels_per_step(p: int, v: int, m: int, s: int, mode: str = "batched", grou
     """The NCCL kernels stage ``s``'s calls launch per step: one per batched call; without
     batching (the overlapped mode, blocking calls too) one per tensor, as Megatron's
     ``_p2p_ops`` issues each isend and irecv on its own."""
-    return sum(1 if it[0] == "X" and mode == "batched" else len(it[1]) + len(it[2])
+    return sum(1 if it[0] == "X" and mode == BATCHED else len(it[1]) + len(it[2])
                for it in program(p, v, m, s, mode, group) if it[0] in "XP")
-
 
 
 def captured_p2p(p: int, v: int, m: int, stage: list, sendrecv_per_step: list[float]) -> str:

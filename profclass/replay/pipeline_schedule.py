@@ -24,17 +24,19 @@ What the simulation takes from the capture (``measure``), per stage (mean over i
 - x, the cost of one exchange: the PP send/recv kernel's floor (its 10th-percentile duration:
   the transfer when the peer is ready) plus the host's time from an exchange's end to the next
   compute kernel (a quantile of the measured gaps: ``exchange_quantile``);
-- the P2P mode (batched, or overlapped: the pipeline analyzer's, ``pp_program.captured_p2p``) and the idle after the PP calls'
-  device syncs (``sync_idle``), which an overlapped schedule does not have.
+- the P2P mode (batched, or overlapped: the pipeline analyzer's, ``pp_program.captured_p2p``)
+  and the idle after the PP calls' device syncs (``sync_idle``), which an overlapped schedule
+  does not have; its busy part of U (``busy``: overlapped kernels share the SMs with it).
 
 A chunk's forward computes F / v, its backward B / v, F + B = U less the base's own calls (so
 the base's own work is kept whatever x is), B = ``FB_RATIO`` F (backward ~2x a forward's FLOPs;
 a recomputed forward is inside the backward). The stages run Megatron's P2P calls between them,
-each waiting for the peers Megatron's calls wait for (``p2p_calls``, ``pp_program``). After its last item a
-stage runs its rest (with a PP all-reduce: the part before it, then waits for every stage to get
-there, then the part after it) and starts the next step. ``STEPS`` steps run back to back; the
-step is the start-to-start time of the last two (a stage's rest can run beside another stage's
-last slots, which one step's makespan plus the rest would not see).
+each waiting for the peers Megatron's calls wait for (``p2p_calls`` runs ``pp_program``'s
+programs). After its last item a stage runs its rest (with a PP all-reduce: the part before it,
+then waits for every stage to get there, then the part after it) and starts the next step.
+``STEPS`` steps run back to back; the step is the start-to-start time of the last two (a stage's
+rest can run beside another stage's last slots, which one step's makespan plus the rest would
+not see).
 """
 from __future__ import annotations
 
@@ -120,7 +122,8 @@ def exchange_cost(st: Stages, q: float) -> float:
 
 def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: int, v: int, m: int,
             busy_idle_ns: list[float], step_ns: list[float], meets: list[np.ndarray] | None = None,
-            pause_ns: list[float] | None = None, p2p: str = BATCHED, busy_ns: list[float] | None = None) -> Stages | None:
+            pause_ns: list[float] | None = None, p2p: str = BATCHED,
+            busy_ns: list[float] | None = None) -> Stages | None:
     """Per stage U and R (mean over its ranks; R split at the stages' meeting point), the
     exchange's floor and the host gaps after exchanges. ``pp_ops``: per GPU, its PP-group ops
     (trace indices); ``meets``: per GPU, which of them are the step's PP all-reduce (None: no
@@ -162,8 +165,9 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
             # its launching threads together (PyTorch's autograd thread issues the backward while
             # the main thread waits in backward(): they take turns)
             host = float(t.calls.c_gap.sum() + t.calls.c_dur.sum()) / t.iterations
-            # (a collector's pause idles the GPU too, but it is in the rest already: not a refill)
-            refill[s] += min(max(_idle_after_syncs(t, pp[~meet]) - pz, 0.0), max(bi - host, 0.0))
+            # (a collector's pause is a one-off stall the median sync leaves out: not subtracted
+            # again, which zeroed the refill of every stage whose window held one)
+            refill[s] += min(_idle_after_syncs(t, pp[~meet]), max(bi - host, 0.0))
     if (n == 0).any():
         return None
     sync_idle = refill / n
@@ -256,13 +260,13 @@ def _gaps_after(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
 
 KIND = "pp_schedule"  # the transform kind of data/fixes.toml that this module prices
 CHANGE_KEYS = ("vpp", "microbatches", "p2p", "balance")  # the schedule changes a pp_schedule spec can hold together
+POINTS = ("low", "best", "high")
 
 
 def takes(spec: dict) -> set:
     """The keys of a requested change a fix's transform takes: its own, and on a schedule change
     every schedule size (a pair that doubled the micro-batches and interleaved at once)."""
     return set(spec) | (set(CHANGE_KEYS) if spec.get("kind") == KIND else set())
-POINTS = ("low", "best", "high")
 
 
 def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns,
