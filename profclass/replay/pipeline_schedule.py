@@ -153,7 +153,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
         # a pause holds the stage once a step: before the meeting point, where the others wait for it
         r_pre, r_post = (r_pre + pz, r_post) if meets is not None else (r_pre, r_post + pz)
         work[s] += u
-        busy[s] += (busy_ns[gi] if busy_ns is not None else bi - pz - r_pre - r_post) / m
+        busy[s] += (busy_ns[gi] / m) if busy_ns is not None else 0.0
         pre[s] += r_pre
         post[s] += r_post
         n[s] += 1
@@ -175,7 +175,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
     return Stages(p=p, v=v, m=m, work=work / n, rest=pre + post,
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
                   gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
-                  meet=meets is not None, rest_before_meet=pre, p2p=p2p, busy=busy / n,
+                  meet=meets is not None, rest_before_meet=pre, p2p=p2p, busy=busy / n if busy_ns is not None else None,
                   sync_idle=sync_idle if p2p == BATCHED or v == 1 else None)
 
 
