@@ -55,7 +55,7 @@ UNCOVERED = {"fp8_base_1gpu", "grouped_base_1gpu", "gc_base_1gpu", "graphs2_base
              # calls L and M: VPP with overlapped P2P, which syncs nothing; the share model knows no P2P mode
              "mcore_gb_pp4s_m8->gb_pp4s_vpp2_m8_ovl_mgc", "mcore_dense_tp2sp_pp2->tp2sp_pp2_vpp2_ovl",
              "mcore_wrapped_dense_tp2_pp2->w_dense_tp2_pp2_vpp2_ovl",
-             # call P: overlapped P2P again, and two schedule changes at once (the share model prices one)
+             # calls P and Q: overlapped P2P again, and two schedule changes at once (the share model prices one)
              "mcore_gb_pp4_m4->gb_pp4_vpp2_m4_ovl_mgc", "mcore_dense_tp2sp_pp2->tp2sp_pp2_vpp2_ovl_m16",
              "mcore_gb_pp4s_m8->gb_pp4s_vpp2_m16_ovl_mgc"}
 
