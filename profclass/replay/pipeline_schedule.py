@@ -245,6 +245,8 @@ def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:
     last = np.searchsorted(ret, idle_from, side="right") - 1
     after_pp = (last >= 0) & on_pp[np.maximum(last, 0)]
     per_sync = np.bincount(last[after_pp], weights=(idle_to - idle_from)[after_pp], minlength=len(ret))[on_pp]
+    if not len(per_sync):  # no sync waited for a PP send/recv: no refill (the median of none is NaN)
+        return 0.0
     return float(np.median(per_sync)) * len(per_sync) / t.iterations
 
 
