@@ -34,7 +34,7 @@ from .kernel_table import gpu_kernel_agg
 from .load import load_by_process
 from .replay.trace import GpuTrace
 from .replay.trace import build as replay_trace
-from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, iter_gpus
+from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, in_forward, iter_gpus
 
 # the CUDA API calls any later stage reads (launches for the launch join, allocator and sync
 # calls for the idle split, graph launches): the loader keeps only these (filtered in SQLite)
@@ -201,7 +201,7 @@ def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines
     o = g.ops
     is_kernel, is_comm = (o["op"] == "kernel").to_numpy(), o["is_comm"].to_numpy(bool)
     comp = o.loc[is_kernel & ~is_comm, ["start", "end"]]  # the columns read: no copy of the others
-    comm = o.loc[is_kernel & is_comm, COMM_COLUMNS]
+    comm = o.loc[is_kernel & is_comm, COMM_COLUMNS].assign(in_forward=in_forward(o, is_kernel & is_comm))
     return GpuSummary(
         source=source, path=g.path, pid=g.pid, device=g.device, rank=g.rank, window=g.window,
         window_source=g.window_source, iterations=g.iterations, analysis=analysis,

@@ -64,9 +64,28 @@ class GpuTimeline:
 
 
 def comm_kernels(g: GpuTimeline) -> pd.DataFrame:
-    """The communication kernels of one GPU (peer copies are communication but not kernels)."""
+    """The communication kernels of one GPU (peer copies are communication but not kernels),
+    each with ``in_forward`` (``in_forward``; a summary's ops carry it already)."""
     o = g.ops
-    return o[o["is_comm"] & (o["op"] == "kernel")]
+    sel = (o["is_comm"] & (o["op"] == "kernel")).to_numpy(bool)
+    out = o[sel]
+    return out if "in_forward" in o else out.assign(in_forward=in_forward(o, sel))
+
+
+def in_forward(ops: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
+    """Per selected op (``ops`` sorted by start): whether the last forward/backward pair kernel
+    (``side``: softmax, norm, activation) that started before it is a forward one, i.e. it was
+    issued inside a forward pass. TP collectives run in every layer's forward and backward;
+    gradient reductions (DP, expert DP) only in the backward or after it."""
+    side = ops["side"].to_numpy().astype(str) if "side" in ops else np.full(len(ops), "")
+    marked = np.flatnonzero((side == "fwd") | (side == "bwd"))
+    out = np.zeros(int(sel.sum()), bool)
+    if not len(marked):
+        return out
+    pos = np.searchsorted(marked, np.flatnonzero(sel)) - 1
+    ok = pos >= 0
+    out[ok] = side[marked[pos[ok]]] == "fwd"
+    return out
 
 
 OPS_COLUMNS = ["start", "end", "device", "pid", "stream", "correlation", "op", "name", "full_name",

@@ -515,8 +515,11 @@ def test_layout_from_the_timeline_alone_matches_construction(name, monkeypatch):
         assert source[k].startswith("not determined: ") and f"parallel layout: {source[k]}" in d.missing, k
     world = d.layout["world"]
     assert world is not None or gaps  # a world unknown only where the profile is not the whole job
+    if "etp" in par:  # the experts' TP where the construction set it apart from TP
+        assert sizes["etp"] == par["etp"], (sizes["etp"], source["etp"])
     tp, cp, pp, ep = (sizes[k] or 1 for k in ("tp", "cp", "pp", "ep"))
-    assert world is None or (world % (tp * cp * pp) == 0 and world % (tp * ep * pp) == 0)
+    etp = sizes.get("etp") or tp
+    assert world is None or (world % (tp * cp * pp) == 0 and world % (etp * ep * pp) == 0)
 
 
 def test_one_rank_of_four_says_why_its_layout_is_unknown(monkeypatch):
@@ -584,6 +587,47 @@ def test_layout_with_the_command_line_matches_construction(name, diagnosis):
                                                   and not any(d.layout["source"][x] in ("command line",
                                                                                         "bridge overrides")
                                                               for x in SIZE_KEYS)), k
+
+
+def test_experts_over_the_tp_ranks(monkeypatch):
+    """TP 2 + SP x PP 2 with the experts over the TP ranks (EP 2, expert TP 1), launched from a
+    config file: the EP all-to-all's clique is the TP block itself. The per-layer all-gathers
+    run inside the forward passes (a gradient reduction over the same ranks never does), so
+    the block is TP, EP is that clique and expert TP is 1; each collective goes to its group
+    ([0, 1] and [2, 3] for both TP and EP, PP across them), and no DP fix is offered (DP 1)."""
+    from conftest import profile_path
+
+    from profclass import diagnose
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
+    d = diagnose(str(profile_path("mcore_wrapped_tp2_pp2_ep2")))
+    s = d.layout["sizes"]
+    assert (s["tp"], s["pp"], s["ep"], s["etp"], s["dp"], s["edp"]) == (2, 2, 2, 1, 1, 1)
+    assert d.layout["source"]["etp"] == "inferred"
+    groups = {(c["collective"], c["group"]): c["members"] for c in d.collectives}
+    for kind in ("all_gather", "reduce_scatter"):
+        assert groups[(kind, "TP")] == [[0, 1], [2, 3]], kind
+    assert groups[("all_to_all", "EP")] == [[0, 1], [2, 3]]
+    assert groups[("all_to_all", "PP")] == [[0, 2], [1, 3]]
+    assert not any(f["id"].startswith("dp_") for f in d.fixes)
+
+
+def test_a_gradient_reduction_over_the_ep_ranks_is_not_tp(monkeypatch):
+    """The forward test that lets a TP block equal the EP clique: the per-layer type must run
+    inside forward passes. dpoverlap_4gpu's DP all-reduces (0.33 per GEMM, over the ranks of its
+    EP clique) run after backward kernels only, so they stay out of TP."""
+    import pandas as pd
+
+    from profclass.analyzers.layout_infer import FORWARD_MIN, forward_types
+    fwd = pd.DataFrame({"collective": ["all_gather"] * 4, "in_forward": [True, False, True, False]})
+    bwd = pd.DataFrame({"collective": ["all_reduce"] * 4, "in_forward": [False] * 4})
+    out = forward_types([fwd, bwd], [0, 1], [{"all_gather"}, {"all_reduce"}])
+    assert out == {0: {"all_gather"}, 1: set()} and 0.0 < FORWARD_MIN < 0.5
+    from conftest import profile_path
+
+    from profclass import diagnose
+    monkeypatch.setenv("PROFCLASS_IGNORE_COMMAND_LINE", "1")
+    d = diagnose(str(profile_path("dpoverlap_4gpu")))
+    assert d.layout["sizes"]["tp"] in (1, None) and d.layout["sizes"]["ep"] == 4
 
 
 def test_copies_of_one_rank_get_no_impossible_size(tmp_path, monkeypatch):

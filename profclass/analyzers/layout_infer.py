@@ -28,7 +28,11 @@ MoE dispatcher's token-count all-gathers once per MoE layer (0.025-0.054). A col
 parallel_state gives TP (TP is the fastest-varying rank coordinate), and is not the EP clique, is
 TP. Every PP and EP partner of a rank then sits a multiple of TP away (both groups are strided
 by TP in parallel_state's orders), which removes the TP peers' lockstep coincidences from the
-SendRecv partners. No per-layer collective at all on a dense job means TP = 1; on a MoE job
+SendRecv partners. One exception: experts without TP (expert TP 1) put the EP group over the TP
+ranks, so the EP clique is the TP block itself. A per-layer group equal to the EP clique is TP
+only where its collectives run inside the forward passes (``FORWARD_MIN``: TP's do, in every
+layer; a gradient reduction over the same ranks never does); EP is then that clique and expert
+TP 1. No per-layer collective at all on a dense job means TP = 1; on a MoE job
 without an EP all-to-all (the all-gather dispatcher gathers over TP x EP) TP and EP stay unknown. CP
 is taken as 1 when TP is inferred (no capture with CP: its ring exchange is not recognised).
 What is not determined stays null.
@@ -53,6 +57,12 @@ SAME_PROGRAM_TOL = 0.01  # kernels per SendRecv kernel (whole capture) within 1%
 # TP rates (>= 0.22 by Megatron's layer structure, 0.24-0.36 measured), an order of magnitude apart
 PER_LAYER_MIN = 0.11
 PER_LAYER_TYPES = ("all_reduce", "all_gather", "reduce_scatter")
+# share of a collective type's kernels issued inside a forward pass (``timeline.in_forward``) that
+# marks TP: Megatron's layer runs half its TP collectives in the forward (2 of 4 per layer, more
+# with recompute), measured 0.44-0.60 on TP 2 + SP x PP 2 x EP 2; gradient reductions run in the
+# backward or after it: 0.00 on dpoverlap_4gpu's DP all-reduces (0.33 per GEMM, over the ranks of
+# its EP clique). The threshold is well between
+FORWARD_MIN = 0.2
 # MoE routing: torch.topk (gatherTopK) or a fused top-k router kernel; a dense model has none
 MOE_ROUTER = re.compile(r"topk", re.I)
 
@@ -176,18 +186,35 @@ def tp_blocks(kernels, ranks, per_layer: list[set]) -> dict[int, frozenset]:
     return out
 
 
-def _tp_size(blocks: dict[int, frozenset], ranks, ep_sets: set) -> int | None:
-    """The TP size when every rank's per-layer group is the aligned block of consecutive ranks
-    parallel_state makes TP, and not an EP clique; None when the blocks say otherwise."""
+def forward_types(kernels, ranks, per_layer: list[set]) -> dict[int, set]:
+    """Per rank, its per-layer collective types issued inside forward passes (``FORWARD_MIN``)."""
+    out = {}
+    for r, k, types in zip(ranks, kernels, per_layer):
+        fwd = k["in_forward"].to_numpy(bool) if "in_forward" in k else np.zeros(len(k), bool)
+        coll = k["collective"].to_numpy()
+        out[r] = {c for c in types if (coll == c).any() and fwd[coll == c].mean() >= FORWARD_MIN}
+    return out
+
+
+def _tp_size(blocks: dict[int, frozenset], ranks, ep_sets: set, forward: dict | None = None) -> tuple[int | None, bool]:
+    """(the TP size, whether the EP clique is the TP block) when every rank's per-layer group is
+    the aligned block of consecutive ranks parallel_state makes TP, and not an EP clique unless
+    its collectives run in the forward passes (``forward``: ``forward_types``); None when the
+    blocks say otherwise."""
     sizes = {len(b) for b in blocks.values()}
     if len(sizes) != 1 or set(blocks) != set(ranks):
-        return None
+        return None, False
     t = sizes.pop()
+    over = False
     for r, b in blocks.items():
         first = r - r % t
-        if b != frozenset(range(first, first + t)) or b in ep_sets:
-            return None
-    return t
+        if b != frozenset(range(first, first + t)):
+            return None, False
+        if b in ep_sets:
+            if not (forward or {}).get(r):
+                return None, False
+            over = True
+    return t, over
 
 
 def _classify(bks, shape: dict) -> tuple[set, set]:
@@ -286,7 +313,7 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     shape = dict(zip(ranks, program_shape))
     unstrided = _classify(buckets(kernels, ranks), shape)
     ep_sets = unstrided[0]
-    tp, ambiguous = None, False
+    tp, ambiguous, ep_over_tp = None, False, False
     if per_layer is not None and layout.world == len(ranks):
         blocks = tp_blocks(kernels, ranks, per_layer)
         if not any(per_layer):
@@ -297,10 +324,15 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
             # the all-gather dispatcher's TP x EP group looks like TP: neither is decided
             tp, ambiguous = None, True
         else:  # in a dense job a SendRecv "clique" on the TP block is TP peers sending in lockstep
-            tp = _tp_size(blocks, ranks, ep_sets if moe_router else set())
-    # with TP known, the SendRecv partners again, only a multiple of TP away
+            tp, ep_over_tp = _tp_size(blocks, ranks, ep_sets if moe_router else set(),
+                                      forward_types(kernels, ranks, per_layer))
+    # with TP known, the SendRecv partners again, only a multiple of TP away (the PP neighbours;
+    # EP too, unless it is laid over the TP block: then the clique found unstrided)
     ep_sets, pp_edges = _classify(buckets(kernels, ranks, stride=tp), shape) if tp and tp > 1 else unstrided
     s, src = layout.sizes, layout.source
+    if ep_over_tp:
+        ep_sets = {c for c in unstrided[0] if len(c) == tp}
+        s["etp"], src["etp"] = 1, "inferred"
     s["ep"], src["ep"] = ((None, None) if ambiguous else
                           ((max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"))
     s["pp"], why = pp_size(pp_edges, layout.world)
@@ -348,8 +380,9 @@ def _drop_impossible(layout: Layout, kernels, ranks) -> None:
         _undetermined(layout, inferred, f"the traffic gives {', '.join(bad)}, which does not divide the world of {world}")
         return
     tp, cp, pp, ep = (s.get(k) or 1 for k in ("tp", "cp", "pp", "ep"))
-    if world % (tp * cp * pp) or world % (tp * ep * pp):
-        _undetermined(layout, inferred, f"TP={tp}, CP={cp}, PP={pp}, EP={ep} do not fit a world of {world}")
+    etp = s.get("etp") or tp  # the experts' TP: TP's unless the EP clique was the TP block
+    if world % (tp * cp * pp) or world % (etp * ep * pp):
+        _undetermined(layout, inferred, f"TP={tp}, CP={cp}, PP={pp}, EP={ep}, ETP={etp} do not fit a world of {world}")
         return
 
 
