@@ -630,6 +630,29 @@ def test_a_gradient_reduction_over_the_ep_ranks_is_not_tp(monkeypatch):
     assert d.layout["sizes"]["tp"] in (1, None) and d.layout["sizes"]["ep"] == 4
 
 
+def test_ep_from_the_all_to_all_communicator():
+    """EP over TP x DP with expert TP 1 (probe17b's TP 2 x EP 4, read, not kept): SendRecv
+    partners matched a multiple of TP away see only EP 2; torch's all-to-all communicator
+    (NCCL's NVTX ranges, 4 members on every rank) says 4, and with TP 2 that exceeds the 4 ranks
+    of a stage: expert TP 1. Disagreeing ranks, a rank without the ranges, or a profile that is
+    not the whole job change nothing."""
+    from profclass.analyzers.layout import Layout
+    from profclass.analyzers.layout_infer import _ep_from_nccl
+
+    def layout():
+        return Layout(4, dict(tp=2, cp=1, pp=1, ep=2), dict(tp="inferred", cp="inferred", pp="inferred", ep="inferred"))
+    lay = layout()
+    _ep_from_nccl(lay, [4, 4, 4, 4], 4)
+    assert (lay.sizes["ep"], lay.sizes["etp"], lay.source["etp"]) == (4, 1, "inferred")
+    for peers, n in (([4, 4, 2, 4], 4), ([4, 4, None, 4], 4), ([4, 4], 2), (None, 4), ([3, 3, 3, 3], 4)):
+        lay = layout()
+        _ep_from_nccl(lay, peers, n)
+        assert lay.sizes["ep"] == 2 and "etp" not in lay.sizes, peers
+    lay = Layout(4, dict(tp=2, cp=1, pp=1, ep=1), dict(ep="inferred"))
+    _ep_from_nccl(lay, [2, 2, 2, 2], 4)  # EP 2 with TP 2 fits TP x DP = 4: the experts' TP stays TP's
+    assert lay.sizes["ep"] == 2 and "etp" not in lay.sizes
+
+
 def test_copies_of_one_rank_get_no_impossible_size(tmp_path, monkeypatch):
     """bench/rank_copies.py's job: 8 per-rank files, each a copy of one of 4 real ranks (so
     ranks k and k + 4 have identical timelines). The traffic cannot tell their groups apart:

@@ -342,11 +342,31 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     if layout.world and layout.world == s["pp"]:  # nothing left for TP or CP
         for k in ("tp", "cp"):
             s[k], src[k] = 1, "inferred"
+    _ep_from_nccl(layout, alltoall_peers, len(ranks))
     _drop_impossible(layout, kernels, ranks)
     fill(layout)
 
 
 UNDETERMINED = "not determined"  # the source of a size the traffic cannot tell (then null)
+
+
+def _ep_from_nccl(layout: Layout, alltoall_peers, n_ranks: int) -> None:
+    """EP from torch's all-to-all communicator (``nccl_alltoall_peers``, NCCL's NVTX ranges)
+    where every rank of the whole job shows the same one: it counts the members, where the
+    SendRecv partners (matched only a multiple of TP away) cannot see an EP group spanning TP
+    blocks with the experts' TP 1 (TP 2, EP 4: strided partners give EP 2). An EP that with TP
+    would exceed the ranks of a stage (TP x DP) means expert TP 1."""
+    peers = {p for p in (alltoall_peers or [])}
+    s, src = layout.sizes, layout.source
+    if len(peers) != 1 or None in peers or not layout.world or layout.world != n_ranks or s.get("ep") is None:
+        return
+    ep = peers.pop()
+    if ep < 2 or ep == s["ep"] or layout.world % ep:
+        return
+    s["ep"], src["ep"] = ep, "inferred"
+    tp, pp = s.get("tp") or 1, s.get("pp") or 1
+    if tp > 1 and ep * tp > layout.world // pp:
+        s["etp"], src["etp"] = 1, "inferred"
 
 
 def _undetermined(layout: Layout, names, why: str) -> None:
