@@ -77,14 +77,17 @@ def in_forward(ops: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
     (``side``: softmax, norm, activation) that started before it is a forward one, i.e. it was
     issued inside a forward pass. TP collectives run in every layer's forward and backward;
     gradient reductions (DP, expert DP) only in the backward or after it."""
-    side = ops["side"].to_numpy().astype(str) if "side" in ops else np.full(len(ops), "")
-    marked = np.flatnonzero((side == "fwd") | (side == "bwd"))
     out = np.zeros(int(sel.sum()), bool)
+    if "side" not in ops:
+        return out
+    side = ops["side"]
+    fwd = side.eq("fwd").to_numpy(bool)  # vectorised on the categorical column: no string copy
+    marked = np.flatnonzero(fwd | side.eq("bwd").to_numpy(bool))
     if not len(marked):
         return out
     pos = np.searchsorted(marked, np.flatnonzero(sel)) - 1
     ok = pos >= 0
-    out[ok] = side[marked[pos[ok]]] == "fwd"
+    out[ok] = fwd[marked[pos[ok]]]
     return out
 
 
