@@ -135,3 +135,34 @@ def test_a_requested_fix_is_also_priced_with_the_profiler_kept():
     assert price["basis"].endswith("without the profiler's cost")
     assert traced["low_ms"] <= traced["best_ms"] <= traced["high_ms"]
     assert traced["best_ms"] > price["best_ms"] > 0
+
+
+def test_cuda_graphs_leave_a_dropless_moe_jobs_experts_eager(diagnosis):
+    """The fix's flags name per-layer graphs of attention, router and preprocess for dropless
+    MoE: the experts' phase (EP all-to-alls and what runs between dispatch and combine, with no
+    attention or softmax kernel) stays eager at the low and best points, graphed only at the
+    high point (full-iteration graphs, static shapes). On the host-bound TP 2 + SP x EP 2 job the
+    scoped price is well under the full one; with no EP (the 1-GPU graphs base) nothing is
+    scoped out, so the points differ only by the node gap."""
+    moe = next(f for f in diagnosis("mcore_wrapped_tp2sp_ep2").fixes if f["id"] == "cuda_graphs")
+    assert 0 < moe["gain_low_ms"] <= moe["expected_gain_ms"] < 0.75 * moe["gain_high_ms"]
+    one = next(f for f in diagnosis("graphs_base_1gpu").fixes if f["id"] == "cuda_graphs")
+    assert one["expected_gain_ms"] > 0.9 * one["gain_high_ms"]
+
+
+def test_the_expert_phase_is_the_ops_between_dispatch_and_combine():
+    """collectives.expert_phase on a hand-made trace: phases between EP all-to-alls holding a
+    softmax or attention kernel are dense, the others (and the EP all-to-alls) are the experts'."""
+    import numpy as np
+
+    from profclass.replay import collectives
+    from profclass.replay.trace import COMM, COMPUTE
+
+    class T:  # the fields expert_phase reads
+        n_ops = 7
+        names = ("attn_fwd_flash", "gemm", "ncclSendRecv", "softmax_warp_forward")
+        ops = type("O", (), dict(name=np.array([0, 1, 2, 1, 2, 3, 1]),
+                                 kind=np.array([COMPUTE, COMPUTE, COMM, COMPUTE, COMM, COMPUTE, COMPUTE])))()
+    seg = np.array([-1, -1, 0, 0, 1, 1, 1])  # attention, gemm | dispatch, experts | combine, router, gemm
+    groups = np.array(["", "", "EP", "", "EP", "", ""])
+    assert collectives.expert_phase(T, seg, groups).tolist() == [False, False, True, True, True, False, False]

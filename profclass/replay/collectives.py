@@ -11,9 +11,12 @@ the profile (their waiting is the captured one: ``missing``).
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
+from ..kernels import ATTENTION
 from .engine import Instance
 from .trace import COMM, GpuTrace
 
@@ -129,4 +132,27 @@ def segments(traces: list[GpuTrace], instances: list, group: str) -> list[np.nda
         order = np.argsort(s, kind="stable")
         pos = np.searchsorted(s[order], t.ops.start, side="right") - 1
         out.append(np.where(pos >= 0, i[order][np.clip(pos, 0, None)], -1))
+    return out
+
+
+# the kernels that mark a transformer layer's dense part: attention (fused, or its softmax) and
+# the router's softmax; none runs between a MoE layer's dispatch and combine
+DENSE_PART = re.compile(ATTENTION.pattern + r"|softmax", re.I)
+
+
+def expert_phase(t: GpuTrace, seg: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
+    """Per op: inside a MoE layer's expert phase, where a dropless job's token counts change the
+    shapes from step to step: an EP collective, or an op in a phase between EP all-to-alls
+    (``segments``) that runs no ``DENSE_PART`` kernel (forward: dispatch, permute, experts,
+    unpermute, combine; backward the same in reverse). Before the first all-to-all is dense."""
+    out = np.zeros(t.n_ops, bool)
+    if seg is None or not len(seg) or not (seg >= 0).any() or t.ops.name is None:
+        return out
+    dense_name = np.array([bool(DENSE_PART.search(n)) for n in t.names] + [False])
+    ids, at = np.unique(seg, return_inverse=True)
+    dense = np.zeros(len(ids), bool)
+    np.logical_or.at(dense, at, dense_name[t.ops.name])
+    out = ~dense[at] & (seg >= 0)
+    if groups is not None:
+        out |= (t.ops.kind == COMM) & (np.asarray(groups) == "EP")
     return out

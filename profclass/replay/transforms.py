@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import overlap
+from . import collectives, overlap
 from . import pipeline_schedule, tp_overlap
 from .constants import TRACED_CALL_NS, TYPICAL_QUANTILE
 from ..analyzers.compute import FUSION_FLAGS
@@ -158,13 +158,18 @@ def _drop_recomputed(spec, point, traces, weights, ctx):
     return out
 
 
-def _graph_runs(t: GpuTrace) -> np.ndarray:
+def _graph_runs(t: GpuTrace, outside: np.ndarray | None = None) -> np.ndarray:
     """Per call: the id of its capturable run (consecutive calls of a thread with no blocking
-    call or allocation among them: a CUDA graph can hold neither), -1 outside any."""
+    call or allocation among them: a CUDA graph can hold neither, nor a launch of an op the
+    graphs' scope leaves ``outside``), -1 outside any."""
     m = len(t.calls.c_start)
     if m == 0:
         return np.zeros(0, np.int64)
     breaker = (t.calls.c_target >= 0) | (t.calls.c_kind == ALLOC) | (t.calls.c_kind != LAUNCH)
+    if outside is not None and outside.any():
+        has = (t.ops.launch >= 0) & outside
+        breaker = breaker.copy()
+        breaker[t.ops.launch[has]] = True
     new_thread = np.ones(m, bool)
     new_thread[1:] = t.calls.c_tid[1:] != t.calls.c_tid[:-1]
     starts = breaker | new_thread
@@ -178,10 +183,16 @@ def _graph_runs(t: GpuTrace) -> np.ndarray:
 
 
 def _cuda_graphs(spec, point, traces, weights, ctx):
+    """Each capturable run of launches becomes one graph launch. Per-layer graphs of a dropless
+    MoE job (the fix's partial scope) leave the experts' phase eager (``expert_phase`` = 0: its
+    launches break the runs); graphing it too (1) is what static shapes (drop-and-pad) allow."""
     node_gap = _pick(spec["node_gap_ns"], point)
+    scoped = not _pick(spec.get("expert_phase", 1), point)
+    segs = ctx.ep_segments or (None,) * len(traces)
+    groups = ctx.op_groups or (None,) * len(traces)
     out, hit = [], False
-    for t, w in zip(traces, weights):
-        run = _graph_runs(t)
+    for t, w, seg, g in zip(traces, weights, segs, groups):
+        run = _graph_runs(t, collectives.expert_phase(t, seg, g) if scoped else None)
         inside = run >= 0
         if not inside.any():
             out.append(w)
