@@ -308,6 +308,11 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
                       "one rank in the profile, its collectives' peers outside it: no partner to match, no world size")
         if ep:
             layout.sizes["ep"], layout.source["ep"] = ep, "inferred"
+    if len(kernels) == 1 and layout.world_from_gpus and not len(kernels[0]) and layout.world == 1:
+        # one GPU and no collective at all: the job is this GPU, every group of one
+        for k in ("tp", "cp", "pp", "ep"):
+            layout.sizes[k], layout.source[k] = 1, "inferred"
+        fill(layout)
     if len(kernels) < 2:
         return
     shape = dict(zip(ranks, program_shape))
