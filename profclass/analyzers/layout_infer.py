@@ -57,11 +57,9 @@ SAME_PROGRAM_TOL = 0.01  # kernels per SendRecv kernel (whole capture) within 1%
 # TP rates (>= 0.22 by Megatron's layer structure, 0.24-0.36 measured), an order of magnitude apart
 PER_LAYER_MIN = 0.11
 PER_LAYER_TYPES = ("all_reduce", "all_gather", "reduce_scatter")
-# share of a collective type's kernels issued inside a forward pass (``timeline.in_forward``) that
-# marks TP: Megatron's layer runs half its TP collectives in the forward (2 of 4 per layer, more
-# with recompute), measured 0.44-0.60 on TP 2 + SP x PP 2 x EP 2; gradient reductions run in the
-# backward or after it: 0.00 on dpoverlap_4gpu's DP all-reduces (0.33 per GEMM, over the ranks of
-# its EP clique). The threshold is well between
+# share of a type's kernels issued in a forward pass (``timeline.in_forward``) that marks TP: half
+# of Megatron's TP collectives (0.44-0.60 measured on TP 2 + SP x PP 2 x EP 2); gradient
+# reductions none (0.00: dpoverlap_4gpu's DP all-reduces over its EP clique's ranks)
 FORWARD_MIN = 0.2
 # MoE routing: torch.topk (gatherTopK) or a fused top-k router kernel; a dense model has none
 MOE_ROUTER = re.compile(r"topk", re.I)
@@ -299,20 +297,8 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
         layout.moe_router = moe_router
     if any(layout.source.get(k) for k in ("tp", "pp", "ep")):
         return
-    if len(kernels) == 1 and layout.world_from_gpus and len(kernels[0]):
-        # one GPU whose collectives have peers: the job is bigger than the profile, by how much
-        # nothing in it says; NCCL's NVTX ranges, where captured, give the all-to-all's group
-        layout.world = None
-        ep = (alltoall_peers or [None])[0]
-        _undetermined(layout, ("tp", "cp", "pp", "dp") + (() if ep else ("ep",)),
-                      "one rank in the profile, its collectives' peers outside it: no partner to match, no world size")
-        if ep:
-            layout.sizes["ep"], layout.source["ep"] = ep, "inferred"
-    if len(kernels) == 1 and layout.world_from_gpus and not len(kernels[0]) and layout.world == 1:
-        # one GPU and no collective at all: the job is this GPU, every group of one
-        for k in ("tp", "cp", "pp", "ep"):
-            layout.sizes[k], layout.source[k] = 1, "inferred"
-        fill(layout)
+    if len(kernels) == 1 and layout.world_from_gpus:
+        _one_gpu(layout, kernels[0], alltoall_peers)
     if len(kernels) < 2:
         return
     shape = dict(zip(ranks, program_shape))
@@ -355,13 +341,29 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
 UNDETERMINED = "not determined"  # the source of a size the traffic cannot tell (then null)
 
 
+def _one_gpu(layout: Layout, kernels, alltoall_peers) -> None:
+    """One GPU, the world its GPUs. With collectives their peers are outside it: the job is bigger,
+    by how much nothing says (NCCL's NVTX ranges may give the all-to-all's group). With none,
+    the job is this GPU: every group of one."""
+    if not len(kernels):
+        if layout.world == 1:
+            for k in ("tp", "cp", "pp", "ep"):
+                layout.sizes[k], layout.source[k] = 1, "inferred"
+            fill(layout)
+        return
+    layout.world = None
+    ep = (alltoall_peers or [None])[0]
+    _undetermined(layout, ("tp", "cp", "pp", "dp") + (() if ep else ("ep",)),
+                  "one rank in the profile, its collectives' peers outside it: no partner to match, no world size")
+    if ep:
+        layout.sizes["ep"], layout.source["ep"] = ep, "inferred"
+
+
 def _ep_from_nccl(layout: Layout, alltoall_peers, n_ranks: int) -> None:
-    """EP from torch's all-to-all communicator (``nccl_alltoall_peers``, NCCL's NVTX ranges)
-    where every rank of the whole job shows the same one: it counts the members, where the
-    SendRecv partners (matched only a multiple of TP away) cannot see an EP group spanning TP
-    blocks with the experts' TP 1 (TP 2, EP 4: strided partners give EP 2). An EP that with TP
-    would exceed the ranks of a stage (TP x DP) means expert TP 1."""
-    peers = {p for p in (alltoall_peers or [])}
+    """EP from torch's all-to-all communicator (``nccl_alltoall_peers``) where every rank of the
+    whole job shows the same: SendRecv partners, matched a multiple of TP away, miss an EP group
+    spanning TP blocks (TP 2, EP 4 read EP 2). EP x TP above a stage's ranks: expert TP 1."""
+    peers = set(alltoall_peers or [])
     s, src = layout.sizes, layout.source
     if len(peers) != 1 or None in peers or not layout.world or layout.world != n_ranks or s.get("ep") is None:
         return
