@@ -59,6 +59,9 @@ def layout_lines(d) -> list[str]:
                 f"bubble {pp['bubble_ms_per_step']:.1f} ms/step ({100 * pp['bubble_share']:.0f}% of the step{theory})")
         if pp.get("slowest_stage") is not None:
             line += f"; slowest stage {pp['slowest_stage']} (+{pp['stage_imbalance_ms']:.1f} ms/step over the mean)"
+        layers = {r["stage"]: r.get("layers") for r in pp.get("per_stage") or [] if r.get("stage") is not None}
+        if layers and None not in layers.values():
+            line += f"; layers per stage {', '.join(str(layers[s]) for s in sorted(layers))} (backward norm kernels)"
         out.append(line)
     return out
 

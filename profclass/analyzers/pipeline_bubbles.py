@@ -18,15 +18,26 @@ from __future__ import annotations
 import numpy as np
 
 from .. import intervals as iv
+from ..kernels import FWD_BWD_PAIRS
 from .job import GpuRecord, Job, evidence_row
 from .layout import Layout
 from .pp_program import captured_p2p
 from .protocol import Analyzer
 from .results import CommAnalysis, PipelineResult
+from .sets import contains_per_distinct
 
 # stage imbalance below this share of the step is run-to-run noise (captures of one config
 # differ by 5-10% of the step: fixtures/corpus.toml); above it, it is named
 IMBALANCE_MIN = 0.05
+# per-layer kernels: every transformer layer runs two norms (before attention, before the MLP), so
+# a stage's backward norm kernels per micro-batch are 2 L (2 L + 1 on the last stage: the final
+# norm). Backward ones, because full recompute runs the forward twice. Attention's and softmax's
+# backward kernels run once (attention; dense softmax) or three times (with a softmax router and
+# its top-k) per layer: a count that is not a multiple of L means the norms count something else
+# (QK norms, a model whose layers differ), and the stage's layers stay unknown
+_NORM_BWD = next(b for name, _, b in FWD_BWD_PAIRS if name == "layer_norm")
+_PER_LAYER_BWD = [b for name, _, b in FWD_BWD_PAIRS if name in ("attention", "softmax")]
+COUNT_SLACK = 0.15  # a window's per-micro-batch count may miss a kernel at its edge
 
 
 def _stage_of(rank: int, groups: dict) -> int | None:
@@ -34,7 +45,29 @@ def _stage_of(rank: int, groups: dict) -> int | None:
     return pp.index(rank) if pp else None
 
 
-def _per_rank(rec: GpuRecord, kernels, groups: dict) -> dict:
+def layers_per_microbatch(agg, micro_batches_in_window: float) -> int | None:
+    """The transformer layers one rank runs per micro-batch (``agg``: its window's kernels by
+    name with their count), from its backward norm kernels, checked against its attention and
+    softmax ones; None where the counts disagree or there are none."""
+    if agg is None or not micro_batches_in_window:
+        return None
+    counts = agg["count"].to_numpy(float)
+
+    def per_mb(pattern) -> float:
+        return float(counts[contains_per_distinct(agg["full_name"], pattern)].sum()) / micro_batches_in_window
+
+    norms = per_mb(_NORM_BWD)
+    if abs(norms - round(norms)) > COUNT_SLACK or round(norms) < 2:
+        return None
+    layers = int(round(norms)) // 2
+    for pattern in _PER_LAYER_BWD:
+        c = per_mb(pattern)
+        if c and (abs(c - round(c)) > COUNT_SLACK or round(c) % layers):
+            return None
+    return layers
+
+
+def _per_rank(rec: GpuRecord, kernels, groups: dict, m: int | None) -> dict:
     """One rank's busy time, PP bubble and idle, ms per step (``kernels``: its communication
     kernels with their group; ``groups``: its group -> member ranks)."""
     lo, hi = rec.gpu.window
@@ -50,7 +83,8 @@ def _per_rank(rec: GpuRecord, kernels, groups: dict) -> dict:
     return dict(stage=_stage_of(rec.gpu.rank, groups), rank=rec.gpu.rank,
                 busy_ms=round(iv.total(busy) / its / 1e6, 3), bubble_ms=round(blocked / its / 1e6, 3),
                 idle_ms=round(((hi - lo) - iv.total(busy) - blocked) / its / 1e6, 3),
-                sendrecv_per_step=round(float(sendrecv.sum()) / its, 2))
+                sendrecv_per_step=round(float(sendrecv.sum()) / its, 2),
+                layers=layers_per_microbatch(rec.gpu.kernel_agg, its * m if m else 0))
 
 
 def measure(records: list[GpuRecord], lay: Layout, comm: CommAnalysis) -> PipelineResult:
@@ -62,7 +96,8 @@ def measure(records: list[GpuRecord], lay: Layout, comm: CommAnalysis) -> Pipeli
         sizes["theory_share"] = round((p - 1) / (sizes["virtual_stages"] * sizes["microbatches"] + p - 1), 4)
     if not p or p < 2 or not comm.kernels:
         return PipelineResult(**sizes)
-    rows = [_per_rank(rec, kernels, groups) for rec, kernels, groups in zip(records, comm.kernels, comm.members)]
+    rows = [_per_rank(rec, kernels, groups, sizes["microbatches"])
+            for rec, kernels, groups in zip(records, comm.kernels, comm.members)]
     step = float(np.mean([rec.analysis.window.window_ns / rec.iterations for rec in records])) / 1e6
     bubble = round(float(np.mean([x["bubble_ms"] for x in rows])), 3)
     busy = {}
@@ -107,7 +142,16 @@ def facts(job: Job, numbers: dict) -> dict:
     return dict(pp=has_pp, pp_interleaved=bool(has_pp and (r.virtual_stages or 1) > 1),
                 pp_p2p_batched=bool(has_pp and r.p2p != "overlapped"),
                 pp_bubble_exposed=has_pp and numbers["pp_bubble_ms"] >= IMBALANCE_MIN * step,
-                pp_stage_imbalance=bool(imbalanced and r.imbalance_at_end_stage))
+                pp_stage_imbalance=bool(imbalanced and r.imbalance_at_end_stage),
+                # interleaving splits each stage's layers into virtual stages of at least one layer
+                pp_interleavable=bool(has_pp and (fewest_layers(r) or 2) >= 2))
+
+
+def fewest_layers(r: PipelineResult) -> int | None:
+    """The fewest transformer layers any stage runs per micro-batch; None where a rank's count
+    is unknown."""
+    counts = [x.get("layers") for x in r.per_stage] if r and r.per_stage else []
+    return min(counts) if counts and None not in counts else None
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
@@ -118,6 +162,10 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
     ev = [evidence_row("communication", "pipeline bubble", r.bubble_ms_per_step, "ms/step",
                        f"{r.stages} stages x {r.virtual_stages} virtual, {r.microbatches} micro-batches: "
                        f"{100 * (r.bubble_share or 0):.0f}% of the step idle or in PP send/recv ({theory})")]
+    if fewest_layers(r) == 1:
+        ev.append(evidence_row("communication", "pipeline layers per stage", 1, "layers",
+                               "a stage runs one transformer layer per micro-batch (its backward norm "
+                               "kernels): interleaving, which needs a layer per virtual stage, is not offered"))
     if r.slowest_stage is not None:
         where = "first/last stage: embedding or output layer + loss" if r.imbalance_at_end_stage else "a middle stage"
         ev.append(evidence_row("communication", "pipeline stage imbalance", r.stage_imbalance_ms, "ms/step",
