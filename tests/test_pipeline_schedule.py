@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,28 @@ def test_host_time_comes_off_work_and_rest_by_their_time():
     assert lean.work == pytest.approx(np.full(2, 2e6))
     assert lean.rest == pytest.approx(np.full(2, 8e6))
     assert ps.less_host(st, np.zeros(2)).work == pytest.approx(st.work)
+
+
+def test_stage_balance_moves_whole_layers():
+    """PP 4, two layers a stage of 10 ms each, the last stage also running a 25 ms loss: the best
+    split Megatron-Core allows (first and last stage any count, the middle ones even) puts 35 ms
+    on the busiest stage, not the continuous mean (26.5); with a 5 ms loss no split beats 25."""
+    import numpy as np
+    st = replace(_uniform(4, 8, 0.0), work=np.array([21.0, 20.0, 20.0, 45.0]),
+                 busy=np.array([21.0, 20.0, 20.0, 45.0]), layers=np.array([2, 2, 2, 2]))
+    w = ps.balanced_work(st)
+    assert w.max() == pytest.approx(35.0) and w.sum() == pytest.approx(st.work.sum())
+    assert "-> " in ps.balance_note(st)
+    small = replace(st, work=np.array([21.0, 20.0, 20.0, 25.0]), busy=np.array([21.0, 20.0, 20.0, 25.0]))
+    assert np.array_equal(ps.balanced_work(small), small.work)
+    assert "no split in whole layers" in ps.balance_note(small)
+    unknown = replace(st, layers=None)
+    assert np.allclose(ps.balanced_work(unknown), 26.5)
+
+
+def test_two_layers_a_stage_cannot_be_balanced_by_moving_one(diagnosis):
+    """The dense TP 2 + SP x PP 2 job: its last stage's loss is less than a layer, so moving one of
+    its two layers overshoots (the continuous mean had priced 13.4 ms/step)."""
+    d = diagnosis("mcore_dense_tp2sp_pp2")
+    fix = next(f for f in d.fixes if f["id"] == "pp_stage_balance")
+    assert fix["expected_gain_ms"] == 0.0 and "no split in whole layers" in fix["gain_basis"]

@@ -88,6 +88,7 @@ class Stages:
     p2p: str = BATCHED  # how the capture's interleaved exchanges ran (1F1B's: BATCHED)
     sync_idle: np.ndarray | None = None  # per stage, ns per step: idle after P2P device syncs (not an overlapped job's)
     busy: np.ndarray | None = None  # per stage, ns per micro-batch: U's busy part (compute, non-PP collectives)
+    layers: np.ndarray | None = None  # per stage: transformer layers per micro-batch (None: a count unknown)
 
 
 def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = None, slowdown: float = 0.0) -> float:
@@ -296,6 +297,11 @@ def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns
                  [(rows[r]["busy_ms"] + rows[r]["idle_ms"]) * 1e6 for r in ranks], list(step_ns),
                  meets if any(mt.any() for mt in meets) else None, pause_ns, pipeline.p2p or BATCHED,
                  [rows[r]["busy_ms"] * 1e6 for r in ranks])
+    layers = [rows[r].get("layers") for r in ranks]
+    if st is not None and None not in layers:  # per stage: its ranks agree (the same model chunks)
+        per_stage = {s: n for s, n in zip(stage, layers)}
+        if all(per_stage[s] == n for s, n in zip(stage, layers)):
+            st = replace(st, layers=np.array([per_stage[s] for s in range(st.p)]))
     return st, "" if st is not None else "a stage has fewer than two PP exchanges in its window"
 
 
@@ -317,8 +323,46 @@ def _sizes(specs: list[dict], st: Stages) -> tuple[int, float, np.ndarray | None
         v, m = v * int(spec.get("vpp", 1)), m * int(spec.get("microbatches", 1))
         samples *= int(spec.get("microbatches", 1))
     balanced = any(spec.get("balance") for spec in specs)
-    work = np.full(st.p, float(np.mean(st.work))) if balanced else st.work
+    work = balanced_work(st) if balanced else st.work
     return v, m, (work * scale if balanced or scale != 1.0 else None), samples
+
+
+def balanced_work(st: Stages) -> np.ndarray:
+    """Each stage's work per micro-batch once its layers are re-split in whole layers, as
+    Megatron-Core splits them (``num_layers_in_first/last_pipeline_stage``: the end stages take
+    any count of at least one, the middle ones share the rest evenly), the split with the
+    lowest busiest stage; a layer costs the least busy time per layer of any stage (the others
+    carry the embedding, or the output layer and loss, on top). Without a layer count, every
+    stage at the mean: a continuous split no layer count bounds."""
+    if st.layers is None or st.p < 2:
+        return np.full(st.p, float(np.mean(st.work)))
+    busy = st.busy if st.busy is not None else st.work
+    per_layer = float(np.min(busy / st.layers))
+    extra = st.work - st.layers * per_layer  # embedding, output layer and loss, exchanges, idle
+    total, mid = int(st.layers.sum()), st.p - 2
+    first, last = np.meshgrid(np.arange(1, total), np.arange(1, total), indexing="ij")
+    rest = total - first - last
+    ok = (rest == 0) if mid == 0 else ((rest >= mid) & (rest % max(mid, 1) == 0))
+    first, last, rest = first[ok], last[ok], rest[ok]
+    counts = np.column_stack([first] + [rest // max(mid, 1)] * mid + [last])
+    if not len(counts):
+        return st.work
+    works = counts * per_layer + extra
+    best = int(np.argmin(works.max(axis=1)))
+    return works[best] if works[best].max() < st.work.max() else st.work
+
+
+def balance_note(st: Stages) -> str:
+    """How ``balanced_work`` re-split the layers, for a price's basis."""
+    if st.layers is None:
+        return "every stage at the stages' mean work (a layer count per stage is unknown)"
+    now = ", ".join(str(int(n)) for n in st.layers)
+    if np.array_equal(balanced_work(st), st.work):
+        return f"no split in whole layers lowers the busiest stage (layers per stage {now})"
+    busy = st.busy if st.busy is not None else st.work
+    per_layer = float(np.min(busy / st.layers))
+    after = np.rint((balanced_work(st) - (st.work - st.layers * per_layer)) / per_layer).astype(int)
+    return f"layers per stage {now} -> {', '.join(str(n) for n in after)}, a layer {per_layer / 1e6:.2f} ms per micro-batch"
 
 
 def p2p_mode(specs: list[dict], st: Stages, point: str = "best") -> str:
