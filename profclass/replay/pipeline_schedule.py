@@ -281,6 +281,10 @@ def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns
         return None, ""
     if not pipeline.microbatches:
         return None, "the micro-batch count is unknown (no flag, not inferred from the timeline)"
+    if pipeline.microbatches * (pipeline.virtual_stages or 1) < 2:
+        # the first stage's one forward and backward share a stretch with the optimizer: its work
+        # and its once-a-step rest cannot be told apart
+        return None, "one micro-batch a step (the first stage's work and rest are one stretch)"
     rows = {r["rank"]: r for r in (pipeline.per_stage or [])}
     if any(r not in rows for r in ranks):
         return None, "a GPU's pipeline stage is unknown"
