@@ -90,18 +90,6 @@ def outside(ops: pd.DataFrame, spans: iv.IntervalSet) -> pd.DataFrame:
     return ops[~inside]
 
 
-def _whole_forward(is_bwd: np.ndarray, is_fwd: np.ndarray) -> float:
-    """The median fwd kernels between consecutive backward-only kernels, the window's first and
-    last such stretch left out where others remain (a flagless one-micro-batch PP 2 capture's
-    last stage had the step's edge inside each forward: 14 + 5 of its 19 kernels, read as two
-    forwards a step)."""
-    run = np.cumsum(is_bwd)
-    fwd = np.bincount(run[is_fwd], minlength=run[-1] + 1)
-    has = np.flatnonzero(fwd > 0)
-    inner = has[(has != run[0]) & (has != run[-1])]
-    return float(np.median(fwd[inner] if inner.size else fwd[has]))
-
-
 def forward_passes(compute_ops: pd.DataFrame, step_starts: np.ndarray) -> tuple[float | None, float | None]:
     """(forward passes per step, forward passes in the step's longest backward-free stretch)
     on one GPU, from its compute kernels in the window, or (None, None) where they do not show.
@@ -135,10 +123,8 @@ def forward_passes(compute_ops: pd.DataFrame, step_starts: np.ndarray) -> tuple[
     first = np.r_[True, step_of[has][1:] != step_of[has][:-1]]
     last = np.r_[step_of[has][1:] != step_of[has][:-1], True]
     middle = has[~first & ~last]
-    # with one or two forwards a step (PP = 1, few micro-batches: F B F B; one micro-batch) there
-    # is no middle stretch, and no warm-up to merge forwards either: every stretch between
-    # backward-only kernels is one forward, a forward the step's edge cuts in two taken whole
-    # (the window's first and last stretch aside: its own edges may cut them)
-    unit = float(np.median(fwd[middle])) if middle.size else _whole_forward(is_bwd, is_fwd)
+    # with one or two forwards a step (PP = 1, few micro-batches: F B F B) there is no middle
+    # stretch, and no warm-up to merge forwards either: every stretch with fwd kernels is one
+    unit = float(np.median(fwd[middle] if middle.size else fwd[has]))
     longest = float(np.median([fwd[has][step_of[has] == k].max() for k in np.unique(step_of[has])]))
     return is_fwd.sum() / steps / unit, longest / unit

@@ -281,9 +281,7 @@ def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns
         return None, ""
     if not pipeline.microbatches:
         return None, "the micro-batch count is unknown (no flag, not inferred from the timeline)"
-    if pipeline.microbatches * (pipeline.virtual_stages or 1) < 2:
-        # the first stage's one forward and backward share a stretch with the optimizer: its work
-        # and its once-a-step rest cannot be told apart
+    if pipeline.microbatches * (pipeline.virtual_stages or 1) < 2:  # F B, then the optimizer: one stretch
         return None, "one micro-batch a step (the first stage's work and rest are one stretch)"
     rows = {r["rank"]: r for r in (pipeline.per_stage or [])}
     if any(r not in rows for r in ranks):
@@ -302,10 +300,9 @@ def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns
                  meets if any(mt.any() for mt in meets) else None, pause_ns, pipeline.p2p or BATCHED,
                  [rows[r]["busy_ms"] * 1e6 for r in ranks])
     layers = [rows[r].get("layers") for r in ranks]
-    if st is not None and None not in layers:  # per stage: its ranks agree (the same model chunks)
-        per_stage = {s: n for s, n in zip(stage, layers)}
-        if all(per_stage[s] == n for s, n in zip(stage, layers)):
-            st = replace(st, layers=np.array([per_stage[s] for s in range(st.p)]))
+    per_stage = dict(zip(stage, layers))
+    if st is not None and None not in layers and all(per_stage[s] == n for s, n in zip(stage, layers)):
+        st = replace(st, layers=np.array([per_stage[s] for s in range(st.p)]))  # its ranks agree
     return st, "" if st is not None else "a stage has fewer than two PP exchanges in its window"
 
 
