@@ -328,42 +328,42 @@ def _sizes(specs: list[dict], st: Stages) -> tuple[int, float, np.ndarray | None
     return v, m, (work * scale if balanced or scale != 1.0 else None), samples
 
 
-def balanced_work(st: Stages) -> np.ndarray:
-    """Each stage's work per micro-batch once its layers are re-split in whole layers, as
-    Megatron-Core splits them (``num_layers_in_first/last_pipeline_stage``: the end stages take
-    any count of at least one, the middle ones share the rest evenly), the split with the
-    lowest busiest stage; a layer costs the least busy time per layer of any stage (the others
-    carry the embedding, or the output layer and loss, on top). Without a layer count, every
-    stage at the mean: a continuous split no layer count bounds."""
+def layer_split(st: Stages) -> tuple[np.ndarray, float] | None:
+    """(layers per stage, a layer's busy time per micro-batch) of the whole-layer split with the
+    lowest busiest stage that Megatron-Core allows (``num_layers_in_first/last_pipeline_stage``:
+    end stages any count >= 1, the middle ones the rest evenly; a layer at the least busy time per
+    layer of any stage; embedding, output layer and loss stay). None: no count, or no gain."""
     if st.layers is None or st.p < 2:
-        return np.full(st.p, float(np.mean(st.work)))
-    busy = st.busy if st.busy is not None else st.work
-    per_layer = float(np.min(busy / st.layers))
-    extra = st.work - st.layers * per_layer  # embedding, output layer and loss, exchanges, idle
+        return None
+    per_layer = float(np.min((st.busy if st.busy is not None else st.work) / st.layers))
     total, mid = int(st.layers.sum()), st.p - 2
     first, last = np.meshgrid(np.arange(1, total), np.arange(1, total), indexing="ij")
     rest = total - first - last
     ok = (rest == 0) if mid == 0 else ((rest >= mid) & (rest % max(mid, 1) == 0))
-    first, last, rest = first[ok], last[ok], rest[ok]
-    counts = np.column_stack([first] + [rest // max(mid, 1)] * mid + [last])
+    counts = np.column_stack([first[ok]] + [rest[ok] // max(mid, 1)] * mid + [last[ok]])
     if not len(counts):
-        return st.work
-    works = counts * per_layer + extra
+        return None
+    works = st.work + (counts - st.layers) * per_layer
     best = int(np.argmin(works.max(axis=1)))
-    return works[best] if works[best].max() < st.work.max() else st.work
+    return (counts[best], per_layer) if works[best].max() < st.work.max() else None
+
+
+def balanced_work(st: Stages) -> np.ndarray:
+    """Each stage's work per micro-batch after ``layer_split``; without a layer count, the mean."""
+    if st.layers is None or st.p < 2:
+        return np.full(st.p, float(np.mean(st.work)))
+    split = layer_split(st)
+    return st.work if split is None else st.work + (split[0] - st.layers) * split[1]
 
 
 def balance_note(st: Stages) -> str:
     """How ``balanced_work`` re-split the layers, for a price's basis."""
     if st.layers is None:
         return "every stage at the stages' mean work (a layer count per stage is unknown)"
-    now = ", ".join(str(int(n)) for n in st.layers)
-    if np.array_equal(balanced_work(st), st.work):
+    now, split = ", ".join(str(int(n)) for n in st.layers), layer_split(st)
+    if split is None:
         return f"no split in whole layers lowers the busiest stage (layers per stage {now})"
-    busy = st.busy if st.busy is not None else st.work
-    per_layer = float(np.min(busy / st.layers))
-    after = np.rint((balanced_work(st) - (st.work - st.layers * per_layer)) / per_layer).astype(int)
-    return f"layers per stage {now} -> {', '.join(str(n) for n in after)}, a layer {per_layer / 1e6:.2f} ms per micro-batch"
+    return f"layers per stage {now} -> {', '.join(map(str, split[0]))}, a layer {split[1] / 1e6:.2f} ms per micro-batch"
 
 
 def p2p_mode(specs: list[dict], st: Stages, point: str = "best") -> str:
