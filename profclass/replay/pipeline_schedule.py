@@ -10,23 +10,7 @@ chunk-forwards (g = microbatch_group_size_per_vp_stage, p by default; capped at 
 chunks of a micro-batch group in ``get_schedule_table``'s order, backwards in the same order
 with the chunk reversed.
 
-What the simulation takes from the capture (``measure``), per stage (mean over its ranks):
-
-- U, its per-micro-batch work: the stage's busy time (compute and non-PP collectives) and its
-  idle time (host gaps) per step, less its once-per-step rest and its host's pauses, over m.
-  Idle inside a forward or backward is host pacing of that work: it stays with it;
-- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data, a collector's
-  pause): the stretches between PP-group ops that hold the optimizer's kernels
-  (``OPTIMIZER_KERNEL``), split at the step's PP all-reduce where there is one (the gradient
-  norm's: every stage waits there for the others) into the part before and after it (on the
-  first stage that rest also holds the step's last backward slot and the next step's first
-  forward);
-- x, the cost of one exchange: the PP send/recv kernel's floor (its 10th-percentile duration:
-  the transfer when the peer is ready) plus the host's time from an exchange's end to the next
-  compute kernel (a quantile of the measured gaps: ``exchange_quantile``);
-- the P2P mode (batched, or overlapped: the pipeline analyzer's, ``pp_program.captured_p2p``)
-  and the idle after the PP calls' device syncs (``sync_idle``), which an overlapped schedule
-  does not have; its busy part of U (``busy``: overlapped kernels share the SMs with it).
+What the simulation takes from the capture is measured in ``schedule_inputs`` (``Stages``).
 
 A chunk's forward computes F / v, its backward B / v, F + B = U less the base's own calls (so
 the base's own work is kept whatever x is), B = ``FB_RATIO`` F (backward ~2x a forward's FLOPs;
@@ -40,16 +24,15 @@ not see).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from ..analyzers.pp_program import BATCHED, OVERLAPPED, calls_per_microbatch
 from .p2p_calls import simulate  # the schedule, call by call
-from .trace import COMM, SYNC, GpuTrace
+from .schedule_inputs import FB_RATIO, SPLITS, Stages, measure
+from .trace import GpuTrace
 
-FLOOR_QUANTILE = 0.10  # the PP kernel's floor: the transfer when the peer is ready (as trace.TYPICAL_QUANTILE)
-FB_RATIO = 2.0  # a backward's time over its forward's: twice the FLOPs (input and weight gradients)
 # overlapped P2P's NCCL kernels run beside the compute they were posted ahead of and share its
 # SMs: a stage's busy time grows by this share at the (low, best, high) points. Measured on twin
 # traced captures of one job (gpubound2 PP 4 x VPP 2, batched and overlapped, fifteenth
@@ -70,40 +53,23 @@ def periodic_step(p: int, v: int, m: int, f_comp, b_comp, x: float, pre, post, m
     return float(np.mean(first[:, -1] - first[:, -2]))
 
 
-@dataclass(frozen=True)
-class Stages:
-    """A pipelined job's measured schedule inputs, per stage (ns per step or per micro-batch)."""
-
-    p: int
-    v: int
-    m: int
-    work: np.ndarray  # U: per micro-batch, all chunks, the base's exchanges included
-    rest: np.ndarray  # R: once per step
-    floor: float  # the PP kernel's floor duration
-    gaps: np.ndarray  # host time from a PP exchange's end to the next compute kernel (all stages)
-    measured_step: float  # the job's measured step (mean over GPUs)
-    gpu_stage: tuple = ()  # per GPU of the replay: its stage
-    meet: bool = True  # the PP group all-reduces once a step: every stage waits there for the others
-    rest_before_meet: np.ndarray | None = None  # per stage: the part of R before that all-reduce
-    p2p: str = BATCHED  # how the capture's interleaved exchanges ran (1F1B's: BATCHED)
-    sync_idle: np.ndarray | None = None  # per stage, ns per step: idle after P2P device syncs (not an overlapped job's)
-    busy: np.ndarray | None = None  # per stage, ns per micro-batch: U's busy part (compute, non-PP collectives)
-    layers: np.ndarray | None = None  # per stage: transformer layers per micro-batch (None: a count unknown)
-
-
 def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = None, slowdown: float = 0.0) -> float:
     """The simulated step at (v, m) with exchange cost ``x``, the exchanges run as ``p2p``
     (default: as captured; 1F1B's are batched). A batched call ends in a device sync
-    (``batch_p2p_sync``) and costs ``x``: the transfer's floor and the host's gap to the next
-    kernel; the idle the host's refill leaves after it is in the stage's measured work. An
+    (``batch_p2p_sync``) and costs ``x``, the transfer's floor and the host's gap to the next
+    kernel, plus the rest of the idle the host's refill leaves after it (``sync_refill``: as
+    measured after the base's syncs, in the first 1/k of each stretch between them where a chunk
+    holds 1/k of the base's layers; the base's own refill comes out of U with its calls). An
     overlapped schedule syncs nothing: its calls cost the GPU the transfer's floor, and the
     refill idle a host ahead would not leave (``sync_idle``) leaves the stages' time, and its
     posted kernels slow the compute beside them (``slowdown`` of the busy time). The base's own
     calls come out of U first (a stage's work per micro-batch is measured with them)."""
     floor = min(st.floor, x)
     calls = np.array([calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
-    own = x if st.p2p == BATCHED or st.v == 1 else floor
     mode = BATCHED if v == 1 else (p2p or st.p2p)
+    own_refill = sync_refill(st, calls, 1) if mode == BATCHED else 0.0
+    refill = sync_refill(st, calls, v // st.v) if mode == BATCHED else 0.0
+    own = x + own_refill if st.p2p == BATCHED or st.v == 1 else floor
     st = st if work is None else replace(st, work=work)
     shared = 0.0
     if mode == OVERLAPPED and st.p2p == BATCHED:
@@ -112,153 +78,23 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
             st = less_host(st, st.sync_idle)  # the refill idle goes, from work and rest by their time
     f = (np.clip(st.work - calls * own, 0, None) + shared) / (1 + FB_RATIO)
     pre = st.rest_before_meet if st.rest_before_meet is not None else np.zeros(st.p)
-    cost = np.full(st.p, x if mode == BATCHED else floor)
+    cost = x + refill if mode == BATCHED else np.full(st.p, floor)
     return periodic_step(st.p, v, m, f / v, FB_RATIO * f / v, cost, pre, st.rest - pre, st.meet,
                          floor=floor, mode=mode)
 
 
+def sync_refill(st: Stages, calls: np.ndarray, k: int) -> np.ndarray:
+    """Per stage, ns per batched call: the GPU idle its device sync leaves beyond the host's gap
+    to the next kernel that ``x`` already counts (the stage's measured sync idle over its calls),
+    with each stretch between syncs cut ``k`` ways (a chunk of 1/k of the stage's layers)."""
+    if st.sync_split is None or not len(st.gaps) or k < 1:
+        return np.zeros(st.p)
+    idle = st.sync_split[:, min(k, SPLITS) - 1]
+    return np.clip(idle / np.maximum(calls * st.m, 1) - float(np.median(st.gaps)), 0, None)
+
+
 def exchange_cost(st: Stages, q: float) -> float:
     return st.floor + (float(np.quantile(st.gaps, q)) if len(st.gaps) else 0.0)
-
-
-def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: int, v: int, m: int,
-            busy_idle_ns: list[float], step_ns: list[float], meets: list[np.ndarray] | None = None,
-            pause_ns: list[float] | None = None, p2p: str = BATCHED,
-            busy_ns: list[float] | None = None) -> Stages | None:
-    """Per stage U and R (mean over its ranks; R split at the stages' meeting point), the
-    exchange's floor and the host gaps after exchanges. ``pp_ops``: per GPU, its PP-group ops
-    (trace indices); ``meets``: per GPU, which of them are the step's PP all-reduce (None: no
-    meeting); ``busy_idle_ns``: per GPU, its busy plus idle time per step (the pipeline
-    analyzer's, no PP blocking in it); ``pause_ns``: per GPU, its host's pauses per step (the
-    collector's: once, not per micro-batch: they leave U for the rest); ``busy_ns``: per GPU,
-    its busy time per step."""
-    if not p or p < 2 or not m or any(s is None for s in stage):
-        return None
-    work, pre, post, busy = np.zeros(p), np.zeros(p), np.zeros(p), np.zeros(p)
-    n = np.zeros(p)
-    floors, gaps = [], []
-    pauses = pause_ns if pause_ns is not None else [0.0] * len(traces)
-    refill = np.zeros(p)
-    for gi, (t, pp, s, bi, pz) in enumerate(zip(traces, pp_ops, stage, busy_idle_ns, pauses)):
-        if len(pp) < 2 or t.iterations < 1:
-            return None
-        meet = meets[gi] if meets is not None else np.zeros(len(pp), bool)
-        r_pre, r_post = _rest_gap(t, pp, meet)
-        pz = min(float(pz), max(bi - r_pre - r_post, 0.0))
-        if s == 0:  # its rest stretch also holds the step's last backward slot and the next one's first forward
-            u = (bi - pz - r_pre - r_post) / (m - 1.0 / v)
-            f = u / (v * (1 + FB_RATIO))  # one chunk's forward (its share of the exchange cost aside)
-            r_pre, r_post = (r_pre - FB_RATIO * f, r_post - f) if r_pre > 0 else (0.0, r_post - (1 + FB_RATIO) * f)
-        else:
-            u = (bi - pz - r_pre - r_post) / m
-        # a pause holds the stage once a step: before the meeting point, where the others wait for it
-        r_pre, r_post = (r_pre + pz, r_post) if meets is not None else (r_pre, r_post + pz)
-        work[s] += u
-        busy[s] += (busy_ns[gi] / m) if busy_ns is not None else 0.0
-        pre[s] += r_pre
-        post[s] += r_post
-        n[s] += 1
-        floors.append(t.ops.dur[pp])
-        gaps.append(_gaps_after(t, pp))
-        if p2p == BATCHED or v == 1:
-            # a host ahead would not leave it, but a host slower than its GPU leaves its lag
-            # anyway: no more than the stage's time above its host's own CPU time per step, all
-            # its launching threads together (PyTorch's autograd thread issues the backward while
-            # the main thread waits in backward(): they take turns)
-            host = float(t.calls.c_gap.sum() + t.calls.c_dur.sum()) / t.iterations
-            # (a collector's pause is a one-off stall the median sync leaves out: not subtracted
-            # again, which zeroed the refill of every stage whose window held one)
-            refill[s] += min(_idle_after_syncs(t, pp[~meet]), max(bi - host, 0.0))
-    if (n == 0).any():
-        return None
-    sync_idle = refill / n
-    pre, post = np.clip(pre / n, 0, None), np.clip(post / n, 0, None)
-    return Stages(p=p, v=v, m=m, work=work / n, rest=pre + post,
-                  floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
-                  gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
-                  meet=meets is not None, rest_before_meet=pre, p2p=p2p, busy=busy / n if busy_ns is not None else None,
-                  sync_idle=sync_idle if p2p == BATCHED or v == 1 else None)
-
-
-def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, float]:
-    """ns per step with no PP exchange around the optimizer, (before, after) the stages' meeting
-    point: the stretches between consecutive PP-group ops that hold an optimizer-step kernel
-    (``OPTIMIZER_KERNEL``), over the steps they span; a stretch that ends at the step's PP
-    all-reduce (``meet``: the gradient norm's, which every stage waits in) is before it. (The
-    longest stretches are not the rest: on the last stage a micro-batch's forward and backward,
-    on the first a backward and the next forward, run with no exchange between them and can
-    outlast the optimizer's; nor are the window's head and tail: the window starts at an
-    iteration mark, which can be any kernel of the step.) Without an optimizer kernel between
-    two PP ops: the head and tail and the iterations - 1 longest stretches, all after."""
-    s = t.ops.start[pp]
-    e = s + t.ops.dur[pp]
-    ce = np.maximum.accumulate(e)
-    between = s[1:] - ce[:-1]
-    at = np.searchsorted(s, t.ops.start[_optimizer_ops(t)], side="right")
-    inner = np.unique(at[(at > 0) & (at < len(pp))]) - 1  # stretch i: after PP op i
-    if len(inner):
-        period = (t.hi - t.lo) / t.iterations
-
-        def per_step(idx: np.ndarray) -> float:  # the stretches over the steps they span
-            if not len(idx):
-                return 0.0
-            steps = int(round(float(ce[idx].max() - ce[idx].min()) / period)) + 1
-            return float(between[idx].clip(0).sum()) / steps
-        before = meet[inner + 1]
-        return per_step(inner[before]), per_step(inner[~before])
-    longest = np.sort(between)[::-1][:t.iterations - 1].clip(0).sum()
-    return 0.0, float((s[0] - t.lo) + max(t.hi - ce[-1], 0) + longest) / t.iterations
-
-
-# kernels of the once-per-step optimizer work: PyTorch's foreach and fused optimizers, Apex's and
-# Transformer Engine's fused Adam, and the gradient norm before them all run as
-# multi_tensor_apply kernels (a forward or a backward launches none)
-OPTIMIZER_KERNEL = ("multi_tensor_apply", "multi_tensor_adam")
-
-
-def _optimizer_ops(t: GpuTrace) -> np.ndarray:
-    if t.ops.name is None or not len(t.names):
-        return np.zeros(t.n_ops, bool)
-    is_opt = np.array([any(k in n for k in OPTIMIZER_KERNEL) for n in t.names] + [False])
-    return is_opt[t.ops.name]  # code -1 (no name) takes the trailing False
-
-
-def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:
-    """GPU idle per step after the host's device syncs on PP exchanges, as the median sync's
-    idle times the syncs per step (a stall in one step is not a refill every sync pays):
-    each stretch with no op on the GPU is put down to the last host sync that returned before
-    it began; those whose sync waited for a PP send/recv count. (Megatron ends each batched
-    P2P call with ``torch.cuda.synchronize()``: the GPU drains, and runs dry until the host
-    has issued enough again.)"""
-    c = t.calls
-    sync = np.flatnonzero((c.c_kind == SYNC) & (c.c_target >= 0))
-    if not len(sync) or t.iterations < 1:
-        return 0.0
-    ret = t.ops.start[c.c_target[sync]] + t.ops.dur[c.c_target[sync]] + c.c_wake[sync]
-    on_pp = np.isin(c.c_target[sync], pp)
-    order_ = np.argsort(ret, kind="stable")
-    ret, on_pp = ret[order_], on_pp[order_]
-    s = t.ops.start
-    ce = np.maximum.accumulate(s + t.ops.dur)
-    idle_from, idle_to = ce[:-1], s[1:]  # ops are sorted by start
-    keep = idle_to > idle_from
-    idle_from, idle_to = idle_from[keep], idle_to[keep]
-    last = np.searchsorted(ret, idle_from, side="right") - 1
-    after_pp = (last >= 0) & on_pp[np.maximum(last, 0)]
-    per_sync = np.bincount(last[after_pp], weights=(idle_to - idle_from)[after_pp], minlength=len(ret))[on_pp]
-    if not len(per_sync):  # no sync waited for a PP send/recv: no refill (the median of none is NaN)
-        return 0.0
-    return float(np.median(per_sync)) * len(per_sync) / t.iterations
-
-
-def _gaps_after(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
-    """Per exchange: from its end to the next compute kernel's start on the GPU (ns)."""
-    comp = np.flatnonzero(t.ops.kind != COMM)
-    cs = t.ops.start[comp]
-    e = t.ops.start[pp] + t.ops.dur[pp]
-    at = np.searchsorted(cs, e)
-    ok = at < len(cs)
-    return (cs[at[ok]] - e[ok]).astype(np.float64)
 
 
 KIND = "pp_schedule"  # the transform kind of data/fixes.toml that this module prices
