@@ -30,7 +30,7 @@ import numpy as np
 
 from ..analyzers.pp_program import BATCHED, OVERLAPPED, calls_per_microbatch
 from .p2p_calls import simulate  # the schedule, call by call
-from .schedule_inputs import FB_RATIO, SPLITS, Stages, measure
+from .schedule_inputs import FB_RATIO, Stages, measure
 from .trace import GpuTrace
 
 # overlapped P2P's NCCL kernels run beside the compute they were posted ahead of and share its
@@ -58,8 +58,8 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
     (default: as captured; 1F1B's are batched). A batched call ends in a device sync
     (``batch_p2p_sync``) and costs ``x``, the transfer's floor and the host's gap to the next
     kernel, plus the rest of the idle the host's refill leaves after it (``sync_refill``: as
-    measured after the base's syncs, in the first 1/k of each stretch between them where a chunk
-    holds 1/k of the base's layers; the base's own refill comes out of U with its calls). An
+    measured after the base's syncs, whatever a chunk's share of the layers; the base's own
+    refill comes out of U with its calls). An
     overlapped schedule syncs nothing: its calls cost the GPU the transfer's floor, and the
     refill idle a host ahead would not leave (``sync_idle``) leaves the stages' time, and its
     posted kernels slow the compute beside them (``slowdown`` of the busy time). The base's own
@@ -67,9 +67,8 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
     floor = min(st.floor, x)
     calls = np.array([calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
     mode = BATCHED if v == 1 else (p2p or st.p2p)
-    own_refill = sync_refill(st, calls, 1) if mode == BATCHED else 0.0
-    refill = sync_refill(st, calls, v // st.v) if mode == BATCHED else 0.0
-    own = x + own_refill if st.p2p == BATCHED or st.v == 1 else floor
+    refill = sync_refill(st, calls) if mode == BATCHED else 0.0
+    own = x + refill if st.p2p == BATCHED or st.v == 1 else floor
     st = st if work is None else replace(st, work=work)
     shared = 0.0
     if mode == OVERLAPPED and st.p2p == BATCHED:
@@ -83,14 +82,13 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
                          floor=floor, mode=mode)
 
 
-def sync_refill(st: Stages, calls: np.ndarray, k: int) -> np.ndarray:
+def sync_refill(st: Stages, calls: np.ndarray) -> np.ndarray:
     """Per stage, ns per batched call: the GPU idle its device sync leaves beyond the host's gap
-    to the next kernel that ``x`` already counts (the stage's measured sync idle over its calls),
-    with each stretch between syncs cut ``k`` ways (a chunk of 1/k of the stage's layers)."""
-    if st.sync_split is None or not len(st.gaps) or k < 1:
+    to the next kernel that ``x`` already counts (the stage's measured sync idle over its calls;
+    a chunk of fewer layers pays it whole: call V, fixtures/notes.md)."""
+    if st.sync_idle is None or not len(st.gaps):
         return np.zeros(st.p)
-    idle = st.sync_split[:, min(k, SPLITS) - 1]
-    return np.clip(idle / np.maximum(calls * st.m, 1) - float(np.median(st.gaps)), 0, None)
+    return np.clip(st.sync_idle / np.maximum(calls * st.m, 1) - float(np.median(st.gaps)), 0, None)
 
 
 def exchange_cost(st: Stages, q: float) -> float:

@@ -17,9 +17,7 @@ schedules from them. Per stage (mean over its ranks):
   compute kernel (a quantile of the measured gaps: ``exchange_quantile``);
 - the P2P mode (batched, or overlapped: the pipeline analyzer's, ``pp_program.captured_p2p``)
   and the idle after the PP calls' device syncs (``sync_idle``), which an overlapped schedule
-  does not have, also as if each stretch between syncs were 1/k as long (``sync_split``: the
-  idle a chunk of 1/k of the stage's layers would leave after its sync); its busy part of U
-  (``busy``: overlapped kernels share the SMs with it).
+  does not have; its busy part of U (``busy``: overlapped kernels share the SMs with it).
 """
 from __future__ import annotations
 
@@ -53,7 +51,6 @@ class Stages:
     sync_idle: np.ndarray | None = None  # per stage, ns per step: idle after P2P device syncs (not an overlapped job's)
     busy: np.ndarray | None = None  # per stage, ns per micro-batch: U's busy part (compute, non-PP collectives)
     layers: np.ndarray | None = None  # per stage: transformer layers per micro-batch (None: a count unknown)
-    sync_split: np.ndarray | None = None  # per stage x k: sync idle per step were each stretch between syncs 1/k as long
 
 
 def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: int, v: int, m: int,
@@ -73,7 +70,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
     n = np.zeros(p)
     floors, gaps = [], []
     pauses = pause_ns if pause_ns is not None else [0.0] * len(traces)
-    refill = np.zeros((p, SPLITS))
+    refill = np.zeros(p)
     for gi, (t, pp, s, bi, pz) in enumerate(zip(traces, pp_ops, stage, busy_idle_ns, pauses)):
         if len(pp) < 2 or t.iterations < 1:
             return None
@@ -103,18 +100,16 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
             host = float(t.calls.c_gap.sum() + t.calls.c_dur.sum()) / t.iterations
             # (a collector's pause is a one-off stall the median sync leaves out: not subtracted
             # again, which zeroed the refill of every stage whose window held one)
-            refill[s] += np.minimum(_idle_after_syncs(t, pp[~meet]), max(bi - host, 0.0))
+            refill[s] += min(_idle_after_syncs(t, pp[~meet]), max(bi - host, 0.0))
     if (n == 0).any():
         return None
-    sync_split = refill / n[:, None]
-    sync_idle = sync_split[:, 0]
+    sync_idle = refill / n
     pre, post = np.clip(pre / n, 0, None), np.clip(post / n, 0, None)
     return Stages(p=p, v=v, m=m, work=work / n, rest=pre + post,
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
                   gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
                   meet=meets is not None, rest_before_meet=pre, p2p=p2p, busy=busy / n if busy_ns is not None else None,
-                  sync_idle=sync_idle if p2p == BATCHED or v == 1 else None,
-                  sync_split=sync_split if p2p == BATCHED or v == 1 else None)
+                  sync_idle=sync_idle if p2p == BATCHED or v == 1 else None)
 
 
 def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, float]:
@@ -160,10 +155,7 @@ def _optimizer_ops(t: GpuTrace) -> np.ndarray:
     return is_opt[t.ops.name]  # code -1 (no name) takes the trailing False
 
 
-SPLITS = 4  # the sync idle is measured as if each stretch between syncs were cut 1..SPLITS ways
-
-
-def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
+def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:
     """GPU idle per step after the host's device syncs on PP exchanges, as the median sync's
     idle times the syncs per step (a stall in one step is not a refill every sync pays):
     each stretch with no op on the GPU is put down to the last host sync that returned before
@@ -173,7 +165,7 @@ def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
     c = t.calls
     sync = np.flatnonzero((c.c_kind == SYNC) & (c.c_target >= 0))
     if not len(sync) or t.iterations < 1:
-        return np.zeros(SPLITS)
+        return 0.0
     ret = t.ops.start[c.c_target[sync]] + t.ops.dur[c.c_target[sync]] + c.c_wake[sync]
     on_pp = np.isin(c.c_target[sync], pp)
     order_ = np.argsort(ret, kind="stable")
@@ -185,16 +177,10 @@ def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
     idle_from, idle_to = idle_from[keep], idle_to[keep]
     last = np.searchsorted(ret, idle_from, side="right") - 1
     after_pp = (last >= 0) & on_pp[np.maximum(last, 0)]
-    if not on_pp.any():  # no sync waited for a PP send/recv: no refill (the median of none is NaN)
-        return np.zeros(SPLITS)
-    nxt = np.r_[ret[1:], np.inf]
-    out = np.zeros(SPLITS)
-    for k in range(1, SPLITS + 1):  # the idle in the first 1/k of each stretch between syncs
-        lim = (ret + (nxt - ret) / k)[np.maximum(last, 0)] if k > 1 else np.inf
-        w = np.clip(np.minimum(idle_to, lim) - idle_from, 0, None)
-        per_sync = np.bincount(last[after_pp], weights=w[after_pp], minlength=len(ret))[on_pp]
-        out[k - 1] = float(np.median(per_sync)) * len(per_sync) / t.iterations
-    return out
+    per_sync = np.bincount(last[after_pp], weights=(idle_to - idle_from)[after_pp], minlength=len(ret))[on_pp]
+    if not len(per_sync):  # no sync waited for a PP send/recv: no refill (the median of none is NaN)
+        return 0.0
+    return float(np.median(per_sync)) * len(per_sync) / t.iterations
 
 
 def _gaps_after(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
