@@ -246,7 +246,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
                 prices[f.get("request", f["id"])] = FixPrice(
                     f["id"], round(min(gains.values()), 2), round(gains["best"], 2), round(max(gains.values()), 2),
                     f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
-                    f"per-micro-batch work, rest and exchange cost ({_describe(spec)}"
+                    f"per-micro-batch work, rest, exchange cost and sync refill ({_describe(spec)}"
                     + (f"; {pipeline_schedule.balance_note(stages)}" if spec.get("balance") else "")
                     + "), against the schedule "
                     f"simulated at the captured (p, v, m); " + ("both as traced (the profiler kept)" if traced else
