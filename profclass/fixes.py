@@ -76,6 +76,15 @@ def _applies(fix: dict, ctx: dict, flags: dict) -> bool:
     return not any(_flag_on(flags, f) for f in fix.get("skip_if_flags", []))
 
 
+def _flags(fix: dict, ctx: dict) -> str:
+    """The fix's flags, with its MoE-only ones (``moe_flags``) where the job is MoE."""
+    extra = fix.get("moe_flags") if _context_matches(ctx, "moe", True) else None
+    if not extra:
+        return fix["flags"]
+    head, sep, tail = fix["flags"].partition(";")
+    return f"{head} {extra}{sep}{tail}"
+
+
 def rank_key(f: dict) -> tuple:
     """The ranking rule: the largest best estimate first (an unpriced fix last); equal estimates
     keep the verdict's wall first, then the table's own order."""
@@ -91,7 +100,7 @@ def select(walls: list[str], ctx: dict, flags: dict, numbers: dict, step_ms: flo
         for order, fix in enumerate(load_table()):
             if fix["wall"] != wall or not _applies(fix, ctx, flags):
                 continue
-            out.append({"id": fix["id"], "wall": wall, "title": fix["title"], "flags": fix["flags"], "why": fix["why"],
+            out.append({"id": fix["id"], "wall": wall, "title": fix["title"], "flags": _flags(fix, ctx), "why": fix["why"],
                         "for": "verdict" if rank == 0 else "runner_up", **predict(fix, numbers, step_ms),
                         "table_order": order})
     out.sort(key=rank_key)

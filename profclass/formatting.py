@@ -49,7 +49,10 @@ def layout_lines(d) -> list[str]:
     out = []
     sizes = lay.get("sizes") or {}
     if any(v is not None for v in sizes.values()):
-        known = ", ".join(f"{k.upper()}={v}" for k, v in sizes.items() if v is not None and k != "microbatches")
+        # a dense job's expert sizes are Megatron's defaults (ETP = TP), not groups it uses
+        dense = ((getattr(d, "config", None) or {}).get("moe") or {}).get("value") is False
+        known = ", ".join(f"{k.upper()}={v}" for k, v in sizes.items()
+                          if v is not None and k != "microbatches" and not (dense and k in ("etp", "edp")))
         src = sorted({s for s in (lay.get("source") or {}).values() if s})
         out.append(f"Layout: {known}; micro-batches {sizes.get('microbatches')}; world {lay.get('world')} "
                    f"(from {', '.join(src) or 'nothing'})")

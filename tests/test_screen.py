@@ -55,3 +55,19 @@ def test_fix_plan_and_replay_are_shown_and_the_screen_still_fits(diagnosis):
         assert f"{i}. {step}" in text
     assert f"-> step {d.plan[0]['step_ms_after']:.1f} ms, then the {d.plan[0]['wall_after']} wall" in text
     assert "Replay: step without each wall, ms: compute" in text
+
+
+@pytest.mark.parametrize("name, moe", [("mcore_wrapped_dense_tp2_pp2", False), ("mcore_wrapped_tp2sp_ep2", True)])
+def test_expert_sizes_and_moe_flags_only_on_moe_jobs(name, moe, diagnosis):
+    """A dense job's ETP and EDP are Megatron's defaults (ETP = TP), groups it never uses, and
+    MoE flags do nothing there: both are shown on MoE jobs only."""
+    from profclass.formatting import layout_lines
+    d = diagnosis(name)
+    assert d.config["moe"]["value"] is moe
+    layout = next(x for x in layout_lines(d) if x.startswith("Layout: "))
+    assert ("ETP=" in layout and "EDP=" in layout) is moe
+    assert "TP=2" in layout and d.layout["sizes"]["etp"] is not None  # the JSON keeps Megatron's sizes
+    fusion = [f for f in d.fixes if f["id"] == "compute_fusion"]
+    assert fusion, [f["id"] for f in d.fixes]
+    assert ("--moe-permute-fusion" in fusion[0]["flags"]) is moe
+    assert fusion[0]["flags"].startswith("--bias-activation-fusion")
