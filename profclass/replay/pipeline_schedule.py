@@ -78,8 +78,10 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
     f = (np.clip(st.work - calls * own, 0, None) + shared) / (1 + FB_RATIO)
     pre = st.rest_before_meet if st.rest_before_meet is not None else np.zeros(st.p)
     cost = x + refill if mode == BATCHED else np.full(st.p, floor)
+    # the collectors' pauses stall the coupled stages one after another; a collector runs after
+    # so many allocations, so its pauses come with the micro-batches' work, not once a step
     return periodic_step(st.p, v, m, f / v, FB_RATIO * f / v, cost, pre, st.rest - pre, st.meet,
-                         floor=floor, mode=mode)
+                         floor=floor, mode=mode) + st.pause * m / st.m
 
 
 def sync_refill(st: Stages, calls: np.ndarray) -> np.ndarray:

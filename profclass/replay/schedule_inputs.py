@@ -6,8 +6,7 @@ schedules from them. Per stage (mean over its ranks):
 - U, its per-micro-batch work: the stage's busy time (compute and non-PP collectives) and its
   idle time (host gaps) per step, less its once-per-step rest and its host's pauses, over m.
   Idle inside a forward or backward is host pacing of that work: it stays with it;
-- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data, a collector's
-  pause): the stretches between PP-group ops that hold the optimizer's kernels
+- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data): the stretches between PP-group ops that hold the optimizer's kernels
   (``OPTIMIZER_KERNEL``), split at the step's PP all-reduce where there is one (the gradient
   norm's: every stage waits there for the others) into the part before and after it (on the
   first stage that rest also holds the step's last backward slot and the next step's first
@@ -15,6 +14,9 @@ schedules from them. Per stage (mean over its ranks):
 - x, the cost of one exchange: the PP send/recv kernel's floor (its 10th-percentile duration:
   the transfer when the peer is ready) plus the host's time from an exchange's end to the next
   compute kernel (a quantile of the measured gaps: ``exchange_quantile``);
+- the collectors' pauses (``pause``): every GPU's, added, since each stalls the pipeline at its
+  own moment (the two interleaved GPU-bound captures with a pause on two stages simulated 5%
+  short with the pauses overlapped at the stages' meeting point, within 1% added);
 - the P2P mode (batched, or overlapped: the pipeline analyzer's, ``pp_program.captured_p2p``)
   and the idle after the PP calls' device syncs (``sync_idle``), which an overlapped schedule
   does not have; its busy part of U (``busy``: overlapped kernels share the SMs with it).
@@ -51,6 +53,9 @@ class Stages:
     sync_idle: np.ndarray | None = None  # per stage, ns per step: idle after P2P device syncs (not an overlapped job's)
     busy: np.ndarray | None = None  # per stage, ns per micro-batch: U's busy part (compute, non-PP collectives)
     layers: np.ndarray | None = None  # per stage: transformer layers per micro-batch (None: a count unknown)
+    # ns per step, every GPU's collector pauses added: each stalls the whole coupled pipeline at
+    # its own moment (the others wait for it at their next exchange or collective)
+    pause: float = 0.0
 
 
 def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: int, v: int, m: int,
@@ -71,6 +76,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
     floors, gaps = [], []
     pauses = pause_ns if pause_ns is not None else [0.0] * len(traces)
     refill = np.zeros(p)
+    pause = 0.0
     for gi, (t, pp, s, bi, pz) in enumerate(zip(traces, pp_ops, stage, busy_idle_ns, pauses)):
         if len(pp) < 2 or t.iterations < 1:
             return None
@@ -83,8 +89,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
             r_pre, r_post = (r_pre - FB_RATIO * f, r_post - f) if r_pre > 0 else (0.0, r_post - (1 + FB_RATIO) * f)
         else:
             u = (bi - pz - r_pre - r_post) / m
-        # a pause holds the stage once a step: before the meeting point, where the others wait for it
-        r_pre, r_post = (r_pre + pz, r_post) if meets is not None else (r_pre, r_post + pz)
+        pause += pz
         work[s] += u
         busy[s] += (busy_ns[gi] / m) if busy_ns is not None else 0.0
         pre[s] += r_pre
@@ -109,7 +114,7 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
                   gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
                   meet=meets is not None, rest_before_meet=pre, p2p=p2p, busy=busy / n if busy_ns is not None else None,
-                  sync_idle=sync_idle if p2p == BATCHED or v == 1 else None)
+                  sync_idle=sync_idle if p2p == BATCHED or v == 1 else None, pause=pause)
 
 
 def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, float]:
