@@ -99,5 +99,7 @@ def replay_lines(d) -> list[str]:
         if ps.get("sync_idle_ms"):
             line += ("; the GPUs idle after the P2P calls' device syncs, ms/step by stage: "
                      + ", ".join(f"{x:.1f}" for x in ps["sync_idle_ms"]))
+        if ps.get("pause_ms"):
+            line += f"; the hosts' collector pauses, {ps['pause_ms']:.1f} ms/step, stall it one after another"
         out.append(line + ".")
     return out

@@ -282,5 +282,5 @@ def fidelity(st: Stages) -> dict:
                 error_pct=round(100.0 * (sim - meas) / meas, 2) if meas else None,
                 work_ms_per_microbatch=[round(float(u) / 1e6, 3) for u in st.work],
                 rest_ms=[round(float(r) / 1e6, 3) for r in st.rest],
-                exchange_ms=round(exchange_cost(st, 0.5) / 1e6, 3), p2p=st.p2p,
+                exchange_ms=round(exchange_cost(st, 0.5) / 1e6, 3), p2p=st.p2p, pause_ms=round(st.pause / 1e6, 3),
                 sync_idle_ms=None if st.sync_idle is None else [round(float(s) / 1e6, 3) for s in st.sync_idle])
