@@ -6,11 +6,11 @@ schedules from them. Per stage (mean over its ranks):
 - U, its per-micro-batch work: the stage's busy time (compute and non-PP collectives) and its
   idle time (host gaps) per step, less its once-per-step rest and its host's pauses, over m.
   Idle inside a forward or backward is host pacing of that work: it stays with it;
-- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data): the stretches between PP-group ops that hold the optimizer's kernels
-  (``OPTIMIZER_KERNEL``), split at the step's PP all-reduce where there is one (the gradient
-  norm's: every stage waits there for the others) into the part before and after it (on the
-  first stage that rest also holds the step's last backward slot and the next step's first
-  forward);
+- R, its once-per-step rest (optimizer, gradient reduction, embedding sync, data): the stretches
+  between PP-group ops that hold the optimizer's kernels (``OPTIMIZER_KERNEL``), split at the
+  step's PP all-reduce where there is one (the gradient norm's: every stage waits there for the
+  others) into the part before and after it (on the first stage that rest also holds the step's
+  last backward slot and the next step's first forward);
 - x, the cost of one exchange: the PP send/recv kernel's floor (its 10th-percentile duration:
   the transfer when the peer is ready) plus the host's time from an exchange's end to the next
   compute kernel (a quantile of the measured gaps: ``exchange_quantile``);
@@ -67,8 +67,8 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
     (trace indices); ``meets``: per GPU, which of them are the step's PP all-reduce (None: no
     meeting); ``busy_idle_ns``: per GPU, its busy plus idle time per step (the pipeline
     analyzer's, no PP blocking in it); ``pause_ns``: per GPU, its host's pauses per step (the
-    collector's: once, not per micro-batch: they leave U for the rest); ``busy_ns``: per GPU,
-    its busy time per step."""
+    collector's: not work of every micro-batch: they leave U, added over the GPUs into
+    ``pause``); ``busy_ns``: per GPU, its busy time per step."""
     if not p or p < 2 or not m or any(s is None for s in stage):
         return None
     work, pre, post, busy = np.zeros(p), np.zeros(p), np.zeros(p), np.zeros(p)
