@@ -183,7 +183,6 @@ def test_two_layers_a_stage_cannot_be_balanced_by_moving_one(diagnosis):
     assert fix["expected_gain_ms"] == 0.0 and "no split in whole layers" in fix["gain_basis"]
 
 
-
 def _vpp_gain(st: ps.Stages, sync_idle: float | None) -> float:
     """pp_interleave (VPP 2, batched) at the best point on ``st`` with each stage's idle after its
     P2P syncs set to ``sync_idle`` ns per step (None: none measured)."""
@@ -218,7 +217,6 @@ def test_collector_pauses_stall_the_step_in_proportion_to_its_microbatches(m2):
     """Every GPU's pause, added, lengthens the simulated step (each stalls the coupled stages at
     its own moment); a collector runs per allocations, so m' micro-batches carry m' / m of the
     captured pauses, and a micro-batch change compared per sample leaves them out."""
-    from dataclasses import replace
     p, m, u, pause = 4, 8, 3e6, 5e6
     clean = _uniform(p, m, u)
     paused = replace(clean, pause=pause)
