@@ -44,6 +44,10 @@ COLLECTIVE_TYPES = ["all_to_all", "all_reduce", "all_gather", "reduce_scatter", 
 COLLECTIVE_GROUP = {"all_to_all": "EP", "all_reduce": "DP", "reduce_scatter": "DP",
                     "all_gather": "DP", "broadcast": "other", "reduce": "other", "other": "other"}
 
+# kernels of the once-per-step optimizer work: PyTorch's foreach and fused optimizers, Apex's and
+# Transformer Engine's fused Adam, and the gradient norm before them all run as
+# multi_tensor_apply kernels (a forward or a backward launches none)
+OPTIMIZER_KERNEL = ("multi_tensor_apply", "multi_tensor_adam")
 GEMM = re.compile(r"gemm|nvjet|cutlass|xmma|wgmma|_h?mma_|sm\d\d_.*tilesize|Kernel2$", re.I)
 ATTENTION = re.compile(r"flash|fmha|sdpa|attn|attention", re.I)
 FP8 = re.compile(r"fp8|e4m3|e5m2|f8f6f4|qmma|mxf8|nvfp4", re.I)

@@ -228,6 +228,8 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     records = tuple(GpuRecord(g, g.analysis, max(g.analysis.window.iterations, 1)) for g in gpus)
     lay = layout_stage.job_layout(profiles, gpus)
     comm = matching.analyse_ranks(records, lay)
+    # the schedule's own signature, once the PP group's kernels are known
+    lay = layout_stage.with_exchanges(lay, records, comm)
     for g, kernels in zip(gpus, comm.kernels):
         if g.timeline is not None:  # kept for pictures: their lane per group
             g.timeline.comm_groups = kernels[["start", "end", "group"]]

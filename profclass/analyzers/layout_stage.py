@@ -4,10 +4,12 @@ and ``layout_infer`` hold the rules; this module runs them over the job's per-GP
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from ..config import parse_flags
 from ..timeline import comm_kernels
-from . import layout, layout_infer
+from . import layout, layout_infer, pipeline_bubbles, pp_program
+from .memory import MIN_RECOMPUTE_RATIO
 from .job import Job
 from .protocol import Analyzer
 
@@ -33,6 +35,31 @@ def job_layout(profiles, gpus) -> layout.Layout:
     layout_infer.infer_passes(lay, [g.rank for g in gpus], [g.analysis.memory.forward_passes for g in gpus],
                               [g.analysis.memory.warmup_forwards for g in gpus])
     return lay
+
+
+def with_exchanges(lay: layout.Layout, records, comm) -> layout.Layout:
+    """The layout with VPP and the micro-batch count read from each stage's PP send/recv kernels
+    per step (``pp_program.sizes_from_exchanges``), where no command line said them and the
+    forward passes could not: a GPU recomputes (full recompute re-runs forwards in the backward,
+    and with few layers a stage a re-run layer reads as a forward pass: PP 2 at 4 micro-batches
+    was read as 1), or they showed nothing. Needs every PP stage; otherwise the layout as it is."""
+    s, src = lay.sizes, lay.source
+    p = s.get("pp")
+    told = [k for k in ("vpp", "microbatches") if src.get(k) not in (None, "inferred")
+            and not str(src.get(k)).startswith(layout_infer.UNDETERMINED)]
+    recomputes = any(r.analysis.memory.recompute_ratio >= MIN_RECOMPUTE_RATIO for r in records)
+    if not p or p < 2 or told or not comm.kernels or (s.get("microbatches") and not recomputes):
+        return lay
+    stage = [pipeline_bubbles.stage_of(r.gpu.rank, g) for r, g in zip(records, comm.members)]
+    if set(stage) != set(range(p)):
+        return lay
+    counts = [pipeline_bubbles.sendrecv_per_step(r, k) for r, k in zip(records, comm.kernels)]
+    chunks = None if recomputes or not s.get("microbatches") else s["microbatches"] * (s.get("vpp") or 1)
+    found = pp_program.sizes_from_exchanges(p, stage, counts, chunks)
+    if found is None:
+        return lay
+    return replace(lay, sizes={**s, "vpp": found[0], "microbatches": found[1]},
+                   source={**src, "vpp": "inferred", "microbatches": "inferred"})
 
 
 def facts(job: Job, numbers: dict) -> dict:

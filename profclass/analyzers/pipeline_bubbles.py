@@ -40,7 +40,7 @@ _PER_LAYER_BWD = [b for name, _, b in FWD_BWD_PAIRS if name in ("attention", "so
 COUNT_SLACK = 0.15  # a window's per-micro-batch count may miss a kernel at its edge
 
 
-def _stage_of(rank: int, groups: dict) -> int | None:
+def stage_of(rank: int, groups: dict) -> int | None:
     pp = groups.get("PP")
     return pp.index(rank) if pp else None
 
@@ -78,13 +78,21 @@ def _per_rank(rec: GpuRecord, kernels, groups: dict, m: int | None) -> dict:
     pp = iv.clip(iv.union(kernels["start"].to_numpy()[is_pp], kernels["end"].to_numpy()[is_pp]), lo, hi)
     its = rec.iterations
     blocked = iv.total(iv.subtract(pp, busy))
-    starts = kernels["start"].to_numpy()
-    sendrecv = is_pp & (kernels["collective"] != "all_reduce").to_numpy() & (starts >= lo) & (starts < hi)
-    return dict(stage=_stage_of(rec.gpu.rank, groups), rank=rec.gpu.rank,
+    return dict(stage=stage_of(rec.gpu.rank, groups), rank=rec.gpu.rank,
                 busy_ms=round(iv.total(busy) / its / 1e6, 3), bubble_ms=round(blocked / its / 1e6, 3),
                 idle_ms=round(((hi - lo) - iv.total(busy) - blocked) / its / 1e6, 3),
-                sendrecv_per_step=round(float(sendrecv.sum()) / its, 2),
+                sendrecv_per_step=sendrecv_per_step(rec, kernels),
                 layers=layers_per_microbatch(rec.gpu.kernel_agg, its * m if m else 0))
+
+
+def sendrecv_per_step(rec: GpuRecord, kernels) -> float:
+    """One rank's PP send/recv kernels per step in its window (``kernels``: its communication
+    kernels with their group; the PP all-reduce is not an exchange)."""
+    lo, hi = rec.gpu.window
+    starts = kernels["start"].to_numpy()
+    sel = (kernels["group"] == "PP").to_numpy() & (kernels["collective"] != "all_reduce").to_numpy() \
+        & (starts >= lo) & (starts < hi)
+    return round(float(sel.sum()) / rec.iterations, 2)
 
 
 def measure(records: list[GpuRecord], lay: Layout, comm: CommAnalysis) -> PipelineResult:

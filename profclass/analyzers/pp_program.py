@@ -179,3 +179,46 @@ def captured_p2p(p: int, v: int, m: int, stage: list, sendrecv_per_step: list[fl
         return sum(abs(kernels_per_step(p, v, m, s, mode) - n)
                    for s, n in zip(stage, sendrecv_per_step))
     return min((BATCHED, OVERLAPPED), key=off)
+
+
+# the largest VPP the exchange signature tries (Megatron splits a stage's layers into v chunks)
+MAX_VPP = 8
+
+
+def sizes_from_exchanges(p: int, stage: list, sendrecv_per_step: list[float],
+                         chunks: int | None = None) -> tuple[int, int] | None:
+    """(VPP, micro-batches) whose Megatron-Core programs launch the PP send/recv kernels each
+    stage ran per step (``kernels_per_step``, batched or overlapped), or None where no pair
+    fits every rank within a kernel (a window's edge may cut one) or several fit equally: the
+    one with ``chunks`` (VPP x micro-batches, the forward passes per step) is taken, else the
+    only one without interleaving. A stage's exchange count is the schedule itself: it holds
+    under full recompute, whose re-run forwards make the forward passes misread."""
+    if p < 2 or not stage or None in stage:
+        return None
+    fits = []
+    top = int(max(sendrecv_per_step)) + 2
+    for v in range(1, MAX_VPP + 1):
+        for mode in ((BATCHED,) if v == 1 else (BATCHED, OVERLAPPED)):
+            # a stage's kernels grow with m: bisect for stage 0's count, then try the neighbours
+            lo, hi = (1 if v == 1 else p), top
+            if lo > hi:
+                continue
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (mid + 1, hi) if kernels_per_step(p, v, mid, stage[0], mode) < sendrecv_per_step[0] - 1 else (lo, mid)
+            for m in range(max(lo, 1 if v == 1 else p), min(lo + 3, top) + 1):
+                off = [abs(kernels_per_step(p, v, m, s, mode) - n) for s, n in zip(stage, sendrecv_per_step)]
+                if max(off) <= 1.0:
+                    fits.append((sum(off), v, m))
+    if not fits:
+        return None
+    best = min(f[0] for f in fits)
+    pairs = sorted({(v, m) for off, v, m in fits if off <= best + 1e-9})
+    if chunks:
+        agree = [vm for vm in pairs if vm[0] * vm[1] == chunks]
+        if len(agree) == 1:
+            return agree[0]
+    if len(pairs) == 1:
+        return pairs[0]
+    plain = [vm for vm in pairs if vm[0] == 1]
+    return plain[0] if len(plain) == 1 else None

@@ -24,14 +24,16 @@ import numpy as np
 import pandas as pd
 
 from .. import intervals as iv
+from ..kernels import OPTIMIZER_KERNEL
 
 # kernels per matched name sequence: a transformer layer's forward launches tens of
 # kernels, so 8 in a row is specific to it while two short element-wise chains that happen
 # to repeat (3-4 kernels) are not
 K_GRAM = 8
-# a bwd-free stretch at least this share of the longest one is a forward pass, not a
+# a bwd-free stretch at least this share of the largest one is a forward pass, not a
 # recomputed layer: a stage's forward runs its L layers, a recompute one layer (or a block
-# of --recompute-num-layers), so for L >= 3 layers a recompute stretch is at most 1/3 of it
+# of --recompute-num-layers), so for L >= 2 layers a recompute stretch is at most 1/2 of it
+# (equal at L = 2 only where a recomputed layer's stretch also holds the next one's start)
 FORWARD_STRETCH_SHARE = 0.5
 
 
@@ -55,8 +57,17 @@ def recomputed_spans(compute_ops: pd.DataFrame) -> iv.IntervalSet:
     # all of the stage's layers without one, a recomputed forward one layer (or one
     # checkpointed block) before that layer's backward: the long stretches are forwards
     stretch = np.cumsum(is_bwd)
-    length = np.bincount(stretch[~is_bwd], minlength=stretch[-1] + 1)
-    is_forward = length >= FORWARD_STRETCH_SHARE * length.max()
+    # a stretch's size in forward-only pair kernels, which every layer's forward runs and
+    # nothing else does: the optimizer's kernels (once a step, between the last backward and
+    # the next forward) and a backward's pieces do not count, so with two layers a stage a
+    # forward still reads twice a recomputed layer (by all kernels the optimizer's stretch
+    # outnumbered the forwards, which then read as recomputes); without pair kernels, every
+    # kernel but the optimizer's
+    fwd_len = np.bincount(stretch[side == "fwd"], minlength=stretch[-1] + 1)
+    if fwd_len.max() == 0:
+        optimizer = ops["full_name"].astype(str).str.contains("|".join(OPTIMIZER_KERNEL)).to_numpy()
+        fwd_len = np.bincount(stretch[~is_bwd & ~optimizer], minlength=stretch[-1] + 1)
+    is_forward = fwd_len >= FORWARD_STRETCH_SHARE * fwd_len.max()
     grams = _kgrams(codes, K_GRAM)
     own = np.where(is_bwd, -1, stretch)  # a backward-only kernel belongs to no stretch
     same = (own[:-K_GRAM + 1] == own[K_GRAM - 1:]) & (own[:-K_GRAM + 1] >= 0)  # window in one stretch

@@ -10,7 +10,7 @@ from functools import cached_property
 import numpy as np
 
 from ..classify import WALLS
-from . import collectives, critical_path, engine, pipeline_schedule, scenario, transforms
+from . import collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, transforms
 from .trace import GpuTrace
 
 PLAN_STEPS = 4
@@ -98,7 +98,7 @@ class Replayer:
         """The schedule's stages without the profiler: each stage's host time less what the
         untraced replay takes off it."""
         return None if self.stages is None else pipeline_schedule.less_host(
-            self.stages, stage_saving(self, self.base, self.untraced_out))
+            self.stages, pipelined.stage_saving(self, self.base, self.untraced_out))
 
     def replay(self, weights) -> scenario.Outcome:
         return scenario.run(self.graph, weights)
@@ -255,15 +255,18 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
             continue
         gains = {}
         rescheduled = spec["kind"] == "fewer_launches" and r.stages is not None
+        on_schedule = pipelined.takes(r, spec)
         for point in transforms.POINTS:
             w = transforms.apply(spec, point, r.traces, start, r.ctx)
             if w is None:
                 break
             out = r.replay(w)
             if rescheduled:  # fewer micro-batches: the pipeline's bubble grows (the schedule's, not the graph's)
-                gains[point] = _rescheduled_ms(r, spec, start_out, out, stages)
+                gains[point] = pipelined.bigger_microbatch_ms(r, spec, start_out, out, stages)
                 if gains[point] is None:
                     break
+            elif on_schedule:  # the fill and drain move with the stages' work (the graph keeps PP waits)
+                gains[point] = pipelined.gain_ms(r, stages, start_out, start_out, out)
             else:
                 gains[point] = start_ms - r.step_ms(out)
         if len(gains) < 3:
@@ -276,33 +279,12 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
             basis += ("; on this pipelined job each stage's host time saved per step is fed to Megatron-Core's "
                       "schedule simulated with micro_batch_factor times fewer, larger micro-batches (the bubble "
                       "grows), against the schedule at the captured count")
+        if on_schedule:
+            basis += ("; on this pipelined job each stage's saving per step, split between its micro-batches' work "
+                      "and its once-per-step rest by where its timeline shrank, is fed to Megatron-Core's schedule "
+                      "simulated at the captured (p, v, m): the fill and drain shrink with the stages' work")
         prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2), basis)
     return prices
-
-
-def _rescheduled_on(r: Replayer, spec: dict, weights, weights_out: scenario.Outcome) -> float | None:
-    """A larger micro-batch's gain on a pipelined job from ``weights`` (replayed as ``weights_out``)."""
-    w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
-    return None if w is None else _rescheduled_ms(r, spec, weights_out, r.replay(w), r.untraced_stages)
-
-
-def stage_saving(r: Replayer, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarray:
-    """Per pipeline stage (the mean of its GPUs): ns per step the replay from ``before`` to
-    ``after`` took off the stage's time."""
-    st = r.stages
-    saved, n = np.zeros(st.p), np.zeros(st.p)
-    for gi, (t, s) in enumerate(zip(r.traces, st.gpu_stage)):
-        saved[s] += (before.ends[gi] - after.ends[gi]) / max(t.iterations, 1)
-        n[s] += 1
-    return saved / np.maximum(n, 1)
-
-
-def _rescheduled_ms(r: Replayer, spec: dict, start_out: scenario.Outcome, out: scenario.Outcome,
-                    stages) -> float | None:
-    """A larger micro-batch on a pipelined job: the graph replay's host time saved per step,
-    per stage, priced by the schedule (``stages``) with m / k micro-batches."""
-    return pipeline_schedule.bigger_microbatch_ms(stages, float(spec.get("microbatch_factor", 2.0)),
-                                                  stage_saving(r, start_out, out))
 
 
 def _describe(spec: dict) -> str:
@@ -312,7 +294,8 @@ def _describe(spec: dict) -> str:
 def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dict]:
     """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from
     ``start``: (weights, replayed step ms) of the step without the profiler. Each step takes
-    the larger of the best graph fix (replayed on the graph's steps before it) and the best
+    the larger of the best graph fix (replayed on the graph's steps before it; on a pipelined job
+    its saving priced on the schedule, ``pipelined``) and the best
     schedule change (a PP fix, or a larger micro-batch on a pipeline: a step delta, simulated on
     top of the schedule changes before it, so two that shrink the same bubble do not both claim
     it). The simulation does not see the graph's fixes, nor the graph the schedule's: their
@@ -321,23 +304,23 @@ def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dic
     graph_left = [f for f in chosen if f["id"] in prices and prices[f["id"]].best_ms > 0
                   and not _reschedules(r, table[f["id"]]["transform"])]
     sched_left = [f for f in chosen if f["id"] in prices and _reschedules(r, table[f["id"]].get("transform", {}))]
-    weights, graph_now = start
-    now, applied, wall, plan = graph_now, [], None, []
+    weights, now = start
+    applied, wall, plan = [], None, []
     weights_out, rescheduled = r.untraced_out, {}  # the graph's current outcome; larger micro-batch gains on it
     g, graph_moved = None, True  # the best graph trial holds until a graph step moves the weights
     while (graph_left or sched_left) and len(plan) < PLAN_STEPS:
         if graph_moved:
-            g, graph_moved = _best_graph_trial(r, graph_left, table, weights), False
+            g, graph_moved = _best_graph_trial(r, graph_left, table, weights, weights_out), False
         s = _best_schedule_trial(r, sched_left, table, applied, weights, weights_out, rescheduled)
-        gain_g = graph_now - g[0] if g else float("-inf")
+        gain_g = min(g[0], now) if g else float("-inf")
         gain_s = min(s[0], now) if s else float("-inf")
         if max(gain_g, gain_s) < PLAN_MIN_GAIN_SHARE * step:
             break
         if gain_g >= gain_s:
-            after, f, weights, weights_out = g
+            _, f, weights, weights_out = g
             rescheduled, graph_moved = {}, True  # a larger micro-batch's saving is replayed again
             wall = _largest_wall(r.critical_path_ms(weights_out, weights))
-            graph_now, now = after, now - gain_g
+            now -= gain_g
             plan.append(dict(id=f["id"], gain_ms=round(gain_g, 2), step_ms_after=round(now - step + measured, 2),
                              wall_after=wall))
             graph_left = [x for x in graph_left if x is not f]
@@ -363,16 +346,20 @@ def _largest_wall(cp: dict) -> str:
     return max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
 
 
-def _best_graph_trial(r: Replayer, left: list, table: dict, weights):
-    """The graph fix that shortens the replayed step most from ``weights``: (step ms after,
-    fix, weights after, outcome), or None."""
+def _best_graph_trial(r: Replayer, left: list, table: dict, weights, weights_out: scenario.Outcome):
+    """The graph fix that shortens the step most from ``weights`` (replayed as ``weights_out``):
+    (gain ms, fix, weights after, outcome), or None. On a pipelined job the gain is the
+    schedule's (``pipelined``), as the fix was priced."""
     trial = []
     for f in left:
-        w = transforms.apply(table[f["id"]]["transform"], "best", r.traces, weights, r.ctx)
+        spec = table[f["id"]]["transform"]
+        w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
         if w is not None:
             out = r.replay(w)
-            trial.append((r.step_ms(out), f, w, out))
-    return min(trial, key=lambda x: x[0]) if trial else None
+            gain = (pipelined.gain_ms(r, r.untraced_stages, r.untraced_out, weights_out, out)
+                    if pipelined.takes(r, spec) else r.step_ms(weights_out) - r.step_ms(out))
+            trial.append((gain, f, w, out))
+    return max(trial, key=lambda x: x[0]) if trial else None
 
 
 def _best_schedule_trial(r: Replayer, left: list, table: dict, applied: list, weights, weights_out, memo: dict):
@@ -395,7 +382,7 @@ def _best_schedule_trial(r: Replayer, left: list, table: dict, applied: list, we
             trial.append((before - after, f, spec))
         else:
             if f["id"] not in memo:
-                memo[f["id"]] = _rescheduled_on(r, spec, weights, weights_out)
+                memo[f["id"]] = pipelined.bigger_microbatch_on(r, spec, weights, weights_out)
             if memo[f["id"]] is not None:
                 trial.append((memo[f["id"]], f, spec))
     return max(trial, key=lambda t: t[0]) if trial else None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analyzers.pp_program import BATCHED
+from ..kernels import OPTIMIZER_KERNEL
 from .trace import COMM, SYNC, GpuTrace
 
 FLOOR_QUANTILE = 0.10  # the PP kernel's floor: the transfer when the peer is ready (as trace.TYPICAL_QUANTILE)
@@ -56,6 +57,10 @@ class Stages:
     # ns per step, every GPU's collector pauses added: each stalls the whole coupled pipeline at
     # its own moment (the others wait for it at their next exchange or collective)
     pause: float = 0.0
+    # per GPU of the replay: its PP-group ops (trace indices), and which stretches around them are
+    # the rest (``rest_stretches``): where a graph fix's saving falls (``pipelined``)
+    pp_ops: tuple = ()
+    rest_mask: tuple = ()
 
 
 def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: int, v: int, m: int,
@@ -77,11 +82,13 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
     pauses = pause_ns if pause_ns is not None else [0.0] * len(traces)
     refill = np.zeros(p)
     pause = 0.0
+    masks = []
     for gi, (t, pp, s, bi, pz) in enumerate(zip(traces, pp_ops, stage, busy_idle_ns, pauses)):
         if len(pp) < 2 or t.iterations < 1:
             return None
         meet = meets[gi] if meets is not None else np.zeros(len(pp), bool)
         r_pre, r_post = _rest_gap(t, pp, meet)
+        masks.append(rest_stretches(t, pp))
         pz = min(float(pz), max(bi - r_pre - r_post, 0.0))
         if s == 0:  # its rest stretch also holds the step's last backward slot and the next one's first forward
             u = (bi - pz - r_pre - r_post) / (m - 1.0 / v)
@@ -114,7 +121,8 @@ def measure(traces: list[GpuTrace], pp_ops: list[np.ndarray], stage: list, p: in
                   floor=float(np.quantile(np.concatenate(floors), FLOOR_QUANTILE)),
                   gaps=np.concatenate(gaps), measured_step=float(np.mean(step_ns)), gpu_stage=tuple(stage),
                   meet=meets is not None, rest_before_meet=pre, p2p=p2p, busy=busy / n if busy_ns is not None else None,
-                  sync_idle=sync_idle if p2p == BATCHED or v == 1 else None, pause=pause)
+                  sync_idle=sync_idle if p2p == BATCHED or v == 1 else None, pause=pause,
+                  pp_ops=tuple(pp_ops), rest_mask=tuple(masks))
 
 
 def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, float]:
@@ -127,13 +135,8 @@ def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, flo
     outlast the optimizer's; nor are the window's head and tail: the window starts at an
     iteration mark, which can be any kernel of the step.) Without an optimizer kernel between
     two PP ops: the head and tail and the iterations - 1 longest stretches, all after."""
-    s = t.ops.start[pp]
-    e = s + t.ops.dur[pp]
-    ce = np.maximum.accumulate(e)
-    between = s[1:] - ce[:-1]
-    at = np.searchsorted(s, t.ops.start[_optimizer_ops(t)], side="right")
-    inner = np.unique(at[(at > 0) & (at < len(pp))]) - 1  # stretch i: after PP op i
-    if len(inner):
+    s, ce, between, inner = _stretches(t, pp)
+    if inner is not None:
         period = (t.hi - t.lo) / t.iterations
 
         def per_step(idx: np.ndarray) -> float:  # the stretches over the steps they span
@@ -147,10 +150,30 @@ def _rest_gap(t: GpuTrace, pp: np.ndarray, meet: np.ndarray) -> tuple[float, flo
     return 0.0, float((s[0] - t.lo) + max(t.hi - ce[-1], 0) + longest) / t.iterations
 
 
-# kernels of the once-per-step optimizer work: PyTorch's foreach and fused optimizers, Apex's and
-# Transformer Engine's fused Adam, and the gradient norm before them all run as
-# multi_tensor_apply kernels (a forward or a backward launches none)
-OPTIMIZER_KERNEL = ("multi_tensor_apply", "multi_tensor_adam")
+def rest_stretches(t: GpuTrace, pp: np.ndarray) -> np.ndarray:
+    """Which stretches around the PP-group ops ``pp`` are the rest that ``_rest_gap`` measures
+    (bool, len(pp) + 1: before the first op, after op i - 1 up to op i, after the last)."""
+    _, _, between, inner = _stretches(t, pp)
+    mask = np.zeros(len(pp) + 1, bool)
+    if inner is not None:
+        mask[inner + 1] = True
+    else:
+        mask[0] = mask[-1] = True
+        mask[np.argsort(between)[::-1][:t.iterations - 1] + 1] = True
+    return mask
+
+
+def _stretches(t: GpuTrace, pp: np.ndarray):
+    """(PP op starts, their running end, the stretch after each op up to the next, the indices of
+    those stretches that hold an optimizer kernel or None where none does)."""
+    s = t.ops.start[pp]
+    ce = np.maximum.accumulate(s + t.ops.dur[pp])
+    between = s[1:] - ce[:-1]
+    at = np.searchsorted(s, t.ops.start[_optimizer_ops(t)], side="right")
+    inner = np.unique(at[(at > 0) & (at < len(pp))]) - 1  # stretch i: after PP op i
+    return s, ce, between, (inner if len(inner) else None)
+
+
 
 
 def _optimizer_ops(t: GpuTrace) -> np.ndarray:

@@ -1,0 +1,104 @@
+"""A graph fix on a pipelined job, priced on the pipeline's critical path.
+
+The graph replay keeps PP send/recv at their captured times (their peers are taken to move as
+the rank does): a fix that shortens every stage's micro-batches shortens each stage's own
+timeline by its own saving, but the fill and drain, where a stage waits for its neighbours' work,
+stay as captured. On Megatron's schedule those waits are the other stages' micro-batch slots:
+the step is about m + p - 1 slots of the busiest stage plus the once-per-step rest, so a saving
+s on every micro-batch of every stage saves about (m + p - 1) s, not m s (11/8 of the graph's on
+PP 4 with 8 micro-batches). So on a job whose schedule is simulated, a graph fix's saving is fed to
+that simulation: each stage's saving per step (the graph replay's, its window's end moved), split
+by where the stage's timeline contracted, inside the micro-batches' slots (between PP exchanges:
+the work U, per micro-batch) or in the once-per-step stretch (the rest R), and the step simulated
+with it against the step simulated without.
+
+Not the collectors' pauses (``remove_gc``): they are neither work nor rest but the schedule's own
+term (``Stages.pause``), and stay priced on the graph, as the registered manual-GC pairs were;
+nor a larger micro-batch (``fewer_launches``), which changes the schedule's sizes itself.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from . import pipeline_schedule, scenario, transforms
+from .schedule_inputs import Stages
+
+# graph transforms priced on the graph alone on a pipelined job (see above)
+GRAPH_ONLY = ("remove_gc", "fewer_launches", pipeline_schedule.KIND)
+
+
+def takes(r, spec: dict) -> bool:
+    """Whether the fix ``spec``'s graph saving is priced through the schedule on this job."""
+    return r.stages is not None and spec.get("kind") not in GRAPH_ONLY
+
+
+def stage_saving(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarray:
+    """Per pipeline stage (the mean of its GPUs): ns per step the replay from ``before`` to
+    ``after`` took off the stage's time."""
+    st = r.stages
+    saved, n = np.zeros(st.p), np.zeros(st.p)
+    for gi, (t, s) in enumerate(zip(r.traces, st.gpu_stage)):
+        saved[s] += (before.ends[gi] - after.ends[gi]) / max(t.iterations, 1)
+        n[s] += 1
+    return saved / np.maximum(n, 1)
+
+
+def work_share(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarray:
+    """Per stage (the mean of its GPUs), the share of its timeline's contraction from ``before``
+    to ``after`` that fell inside the micro-batches' slots rather than in the rest: each stretch
+    around a PP exchange shrank by its end's shift less its start's (a PP op keeps its captured
+    duration in the graph, so its end moves with its start); the window's start does not move.
+    1 where the stage did not contract."""
+    st = r.stages
+    share, n = np.zeros(st.p), np.zeros(st.p)
+    for gi, (s, pp, rest) in enumerate(zip(st.gpu_stage, st.pp_ops, st.rest_mask)):
+        nodes = r.graph.op_node[gi][pp]
+        shift = np.concatenate([[0], after.t[nodes] - before.t[nodes], [after.ends[gi] - before.ends[gi]]])
+        shrank = shift[:-1] - shift[1:]  # per stretch, ns taken off
+        total, in_rest = float(shrank.sum()), float(shrank[rest].sum())
+        if s == 0:  # the first stage's rest stretch also holds 1/v of a micro-batch's work (its
+            # last backward and the next step's first forward, as ``measure`` counts it): as
+            # much as the other stretches' saving per that much work is work
+            in_rest -= min(max(in_rest, 0.0), max(total - in_rest, 0.0) / max(st.v * st.m - 1.0, 1.0))
+        share[s] += 1.0 if total <= 0 else float(np.clip(1.0 - in_rest / total, 0.0, 1.0))
+        n[s] += 1
+    return share / np.maximum(n, 1)
+
+
+def leaner(st: Stages, saved_ns: np.ndarray, share: np.ndarray) -> Stages:
+    """The stages with ``saved_ns`` (per stage, ns per step) taken off: ``share`` of it from each
+    micro-batch's work (over m), the rest from the once-per-step rest (its part before the
+    stages' meeting point in proportion)."""
+    rest = np.clip(st.rest - (1 - share) * saved_ns, 0, None)
+    pre = None if st.rest_before_meet is None else st.rest_before_meet * rest / np.maximum(st.rest, 1)
+    return replace(st, work=np.clip(st.work - share * saved_ns / st.m, 0, None), rest=rest, rest_before_meet=pre)
+
+
+def scheduled_ns(r, st: Stages, base_out: scenario.Outcome, out: scenario.Outcome) -> float:
+    """The simulated step (ns) of the stages ``st`` (measured on ``base_out``) with the graph's
+    savings from ``base_out`` to ``out`` taken off, the exchange at the gaps' median."""
+    lean = leaner(st, stage_saving(r, base_out, out), work_share(r, base_out, out))
+    return pipeline_schedule.step_ns(lean, st.v, st.m, pipeline_schedule.exchange_cost(st, 0.5))
+
+
+def gain_ms(r, st: Stages, base_out: scenario.Outcome, before: scenario.Outcome,
+            after: scenario.Outcome) -> float:
+    """ms per step the graph's change from ``before`` to ``after`` saves on the schedule of ``st``
+    (measured on ``base_out``)."""
+    return (scheduled_ns(r, st, base_out, before) - scheduled_ns(r, st, base_out, after)) / 1e6
+
+
+def bigger_microbatch_on(r, spec: dict, weights, weights_out: scenario.Outcome) -> float | None:
+    """A larger micro-batch's gain on a pipelined job from ``weights`` (replayed as ``weights_out``)."""
+    w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
+    return None if w is None else bigger_microbatch_ms(r, spec, weights_out, r.replay(w), r.untraced_stages)
+
+
+def bigger_microbatch_ms(r, spec: dict, start_out: scenario.Outcome, out: scenario.Outcome,
+                         stages) -> float | None:
+    """A larger micro-batch on a pipelined job: the graph replay's host time saved per step,
+    per stage, priced by the schedule (``stages``) with m / k micro-batches."""
+    return pipeline_schedule.bigger_microbatch_ms(stages, float(spec.get("microbatch_factor", 2.0)),
+                                                  stage_saving(r, start_out, out))
