@@ -140,20 +140,31 @@ def _drop_recomputed(spec, point, traces, weights, ctx):
         return None
     keep = _pick(spec.get("keep", 0.0), point)  # share of the recomputed forward still re-run
     out = []
-    for t, w in zip(traces, weights):
+    for gi, (t, w) in enumerate(zip(traces, weights)):
+        # a layer's re-run forward re-issues its own collectives (TP, the MoE dispatch), never a
+        # pipeline exchange: a PP send/recv that ran inside a recomputed span, and the calls that
+        # launched it or waited for it, stay
+        recomputed, c_recomputed = t.ops.recomputed, t.calls.c_recomputed
+        if gi < len(ctx.op_groups) and (ctx.op_groups[gi] == "PP").any():
+            pp = ctx.op_groups[gi] == "PP"
+            recomputed = recomputed & ~pp
+            launched = np.zeros(len(c_recomputed), bool)
+            launched[t.ops.launch[pp & (t.ops.launch >= 0)]] = True
+            waited = (t.calls.c_target >= 0) & pp[np.clip(t.calls.c_target, 0, None)]
+            c_recomputed = c_recomputed & ~launched & ~waited
         if keep > 0:
             # selective recompute keeps re-running a share of it: the rest is dropped, taken
             # evenly (every k-th recomputed op runs again)
-            idx = np.flatnonzero(t.ops.recomputed)
+            idx = np.flatnonzero(recomputed)
             kept = idx[np.linspace(0, len(idx) - 1, int(round(keep * len(idx)))).astype(int)] if len(idx) else idx
-            ops = t.ops.recomputed.copy()
+            ops = recomputed.copy()
             ops[kept] = False
-            cidx = np.flatnonzero(t.calls.c_recomputed)
+            cidx = np.flatnonzero(c_recomputed)
             ckept = cidx[np.linspace(0, len(cidx) - 1, int(round(keep * len(cidx)))).astype(int)] if len(cidx) else cidx
-            calls = t.calls.c_recomputed.copy()
+            calls = c_recomputed.copy()
             calls[ckept] = False
         else:
-            ops, calls = t.ops.recomputed, t.calls.c_recomputed
+            ops, calls = recomputed, c_recomputed
         out.append(drop_calls(t, drop_ops(t, w, ops), calls))
     return out
 
