@@ -40,7 +40,7 @@ def test_pairs_name_real_fixes_and_profiles():
         # or a run known only by its untraced reruns
         assert p["candidate"] in names or (p.get("candidate_timer") and p.get("base_timer")) or p.get("untraced")
         for log in (p.get("base_timer"), p.get("candidate_timer")):
-            assert log is None or "mean step over iters" in (ROOT / log).read_text()
+            assert log is None or "mean step over iters" in gain_pairs.timer_text(log)
         assert p["realized"] in ("step", "per_microbatch")
 
 
@@ -128,7 +128,7 @@ def test_untraced_reruns_are_whole_and_paired():
         assert len(u["base"]) == len(u["candidate"]) >= 2, p["base"]
         for logs in (u["base"], u["candidate"]):
             heads = {re.search(r"^(world=.*|scenario .*|case=.*) (?:mean_steady|local_params|device=)",
-                               (ROOT / log).read_text(), re.M).group(1) for log in logs}
+                               gain_pairs.timer_text(log), re.M).group(1) for log in logs}
             assert len(heads) == 1, logs
             for log in logs:
                 assert len(gain_pairs.untraced_steps(log)) in (11, 37, 27, 57, 17), log

@@ -1,0 +1,103 @@
+"""A graph fix on a pipelined job priced on Megatron-Core's schedule (profclass/replay/pipelined.py),
+the schedule's sizes read from each stage's PP exchanges (pp_program.sizes_from_exchanges), and
+recompute off leaving the pipeline's exchanges alone: on the corpus's real pipelined captures."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from profclass.analyzers import pp_program
+from profclass.replay import pipeline_schedule as ps
+from profclass.replay import pipelined, transforms
+from profclass.replay.run import Replayer
+from profclass.replay.trace import COMPUTE
+
+# committed pipelined captures with their (VPP, micro-batches) from the workload's flags or config
+SIZED = {"mcore_gb_pp4s_m8": (1, 8), "mcore_gb_pp4s_vpp2_m8": (2, 8), "mcore_wrapped_dense_tp2_pp2": (1, 4),
+         "mcore_pp2_ep2_m4": (1, 4)}
+
+
+@pytest.mark.parametrize("name", sorted(SIZED))
+def test_the_exchanges_give_the_schedule_sizes(diagnosis, name):
+    """Each stage's PP send/recv kernels per step are the program Megatron-Core runs: they give
+    (VPP, m) back, with the forward passes' chunks where interleaved programs of equal chunks
+    launch alike, and alone where one plain 1F1B program fits."""
+    d = diagnosis(name)
+    rows = d.extra.replay_inputs.pipeline.per_stage
+    p = d.extra.replay_inputs.pipeline.stages
+    stage, counts = [r["stage"] for r in rows], [r["sendrecv_per_step"] for r in rows]
+    v, m = SIZED[name]
+    assert pp_program.sizes_from_exchanges(p, stage, counts, chunks=v * m) == (v, m), counts
+    if v == 1:
+        assert pp_program.sizes_from_exchanges(p, stage, counts) == (1, m), counts
+
+
+def test_interleaved_programs_of_equal_chunks_stay_undecided_without_the_passes():
+    """PP 4: VPP 2 x 16 micro-batches and VPP 4 x 6 launch the same kernels per stage (41, 41,
+    39, 37): without the forward passes' chunks no size is given."""
+    counts = [pp_program.kernels_per_step(4, 2, 16, s) for s in range(4)]
+    assert counts == [pp_program.kernels_per_step(4, 4, 6, s) for s in range(4)]
+    assert pp_program.sizes_from_exchanges(4, [0, 1, 2, 3], counts) is None
+    assert pp_program.sizes_from_exchanges(4, [0, 1, 2, 3], counts, chunks=32) == (2, 16)
+    assert pp_program.sizes_from_exchanges(4, [0, 1, 2, 3], [c + 5 for c in counts]) is None  # no program
+
+
+def _replayer(diagnosis, name: str) -> Replayer:
+    return Replayer(diagnosis(name).extra.replay_inputs)
+
+
+def test_a_saving_on_every_microbatch_saves_every_slot_of_the_pipeline(diagnosis):
+    """1F1B's step is m + p - 1 slots of the busiest stage plus the rest: taking delta off every
+    stage's work per micro-batch (all of it in the work) shortens the simulated step by about
+    (m + p - 1) delta, where the graph, its PP waits frozen, sees m delta; all of it in the rest,
+    by delta once."""
+    r = _replayer(diagnosis, "mcore_gb_pp4s_m8")
+    st = r.untraced_stages
+    x = ps.exchange_cost(st, 0.5)
+    base = ps.step_ns(st, st.v, st.m, x)
+    delta = 2e6  # ns per micro-batch
+    saved = np.full(st.p, delta * st.m)
+    in_work = base - ps.step_ns(pipelined.leaner(st, saved, np.ones(st.p)), st.v, st.m, x)
+    assert in_work == pytest.approx((st.m + st.p - 1) * delta, rel=0.05)
+    in_rest = base - ps.step_ns(pipelined.leaner(st, saved / st.m, np.zeros(st.p)), st.v, st.m, x)
+    assert in_rest == pytest.approx(delta, rel=0.05)
+
+
+def test_a_compute_fix_on_a_pipeline_is_priced_on_the_schedule(diagnosis):
+    """FP8's GEMMs on the GPU-bound PP 4 x 8 micro-batches job: the price is the schedule's (its
+    basis says so), above the graph's own step change by the fill and drain (the stages'
+    savings are work: between their exchanges)."""
+    d = diagnosis("mcore_gb_pp4s_m8")
+    r = Replayer(d.extra.replay_inputs)
+    spec = {"kind": "scale", "ops": "gemm", "factor": 0.704}
+    w = transforms.apply(spec, "best", r.traces, r.untraced, r.ctx)
+    out = r.replay(w)
+    graph = r.step_ms(r.untraced_out) - r.step_ms(out)
+    share = pipelined.work_share(r, r.untraced_out, out)
+    assert (share > 0.9).all(), share
+    sched = pipelined.gain_ms(r, r.untraced_stages, r.untraced_out, r.untraced_out, out)
+    assert graph * 1.2 < sched < graph * 1.6, (graph, sched)
+    import profclass
+    priced = profclass.diagnose(d.inputs[0], price_fixes=("compute_fp8",)).replay["requested"]["compute_fp8"]
+    assert priced["best_ms"] == pytest.approx(sched, abs=0.01)
+    assert "fill and drain" in priced["basis"]
+
+
+def test_recompute_off_leaves_the_pipeline_exchanges(diagnosis):
+    """A stretch of a real PP capture marked as a recomputed forward, a PP send/recv inside it:
+    dropping the recompute zeroes the stretch's compute kernels and keeps the exchange's time."""
+    r = _replayer(diagnosis, "mcore_gb_pp4s_m8")
+    gi = 1
+    t = r.traces[gi]
+    pp = np.flatnonzero(r.ctx.op_groups[gi] == "PP")
+    mid = pp[len(pp) // 2]
+    span = np.zeros(t.n_ops, bool)
+    span[max(mid - 40, 0):mid + 40] = True
+    traces = list(r.traces)
+    traces[gi] = replace(t, ops=replace(t.ops, recomputed=span))
+    w = transforms.apply({"kind": "drop_recomputed", "keep": 0.0}, "best", traces, r.untraced, r.ctx)
+    compute = span & (t.ops.kind == COMPUTE)
+    assert (w[gi].op_dur[compute] == 0).all() and compute.any()
+    assert w[gi].op_dur[mid] == r.untraced[gi].op_dur[mid] > 0
