@@ -101,3 +101,34 @@ def test_recompute_off_leaves_the_pipeline_exchanges(diagnosis):
     compute = span & (t.ops.kind == COMPUTE)
     assert (w[gi].op_dur[compute] == 0).all() and compute.any()
     assert w[gi].op_dur[mid] == r.untraced[gi].op_dur[mid] > 0
+
+
+def test_a_flagless_recompute_pipeline_reads_its_microbatches(diagnosis):
+    """Dense PP 2, two layers a stage, 2 micro-batches, full recompute from a config file (no
+    Megatron flag): read as 1 micro-batch before (every forward taken for a recomputed layer,
+    the optimizer's stretch outnumbering a two-layer forward). Now the layout gives the config's
+    sizes, the last stage runs m forward passes a step and re-runs each of its 2 layers once per
+    micro-batch (the workload's recompute: one layer per checkpoint)."""
+    d = diagnosis("mcore_wrapped_pp2_rc_m2")
+    lay = d.extra.replay_inputs.pipeline
+    assert (lay.stages, lay.virtual_stages, lay.microbatches) == (2, 1, 2)
+    r = Replayer(d.extra.replay_inputs)
+    last = [gi for gi, s in enumerate(r.stages.gpu_stage) if s == 1][0]
+    t = r.traces[last]
+    runs = int(np.sum(np.diff(np.r_[0, t.ops.recomputed.astype(np.int8)]) == 1))  # recomputed spans
+    assert runs == 2 * 2 * t.iterations
+
+
+def test_recompute_off_keeps_a_real_exchange_inside_a_recomputed_span(diagnosis):
+    """On the same capture's first stage PP send/recv kernels start inside the recomputed spans
+    (28 ms/step): priced off, those keep their time, and the first stage saves no more per
+    micro-batch than the last (their layers are alike)."""
+    r = _replayer(diagnosis, "mcore_wrapped_pp2_rc_m2")
+    first = [gi for gi, s in enumerate(r.stages.gpu_stage) if s == 0][0]
+    t = r.traces[first]
+    inside = t.ops.recomputed & (r.ctx.op_groups[first] == "PP")
+    assert inside.any()
+    w = transforms.apply({"kind": "drop_recomputed", "keep": 0.0}, "best", r.traces, r.untraced, r.ctx)
+    assert (w[first].op_dur[inside] == r.untraced[first].op_dur[inside]).all()
+    saved = pipelined.stage_saving(r, r.untraced_out, r.replay(w))
+    assert saved[0] <= 1.1 * saved[1], saved
