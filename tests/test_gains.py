@@ -401,14 +401,18 @@ def test_registered_predictions_are_the_ones_committed_before_their_run():
     """Each pair's registered_prediction is the row of the fixtures/notes.md section its
     ``registered`` names ("fixtures/notes.md: Call 2 predictions"), committed before the pair's
     candidate ran: best [low, high], as printed there. A base is named there as the capture was
-    before its import ("graphs2_base" for graphs2_base_1gpu)."""
+    before its import ("graphs2_base" for graphs2_base_1gpu; the name its corpus command ends
+    with, "w_pp2_rc_m2" for mcore_wrapped_pp2_rc_m2)."""
     notes = (ROOT / "fixtures" / "notes.md").read_text()
     registered = [p for p in gain_pairs.corpus()["gain_pair"] if p.get("registered_prediction")]
     assert len(registered) >= 11
+    commands = {q["name"]: q["command"] for q in gain_pairs.corpus()["profile"]}
     for p in registered:
         heading = p["registered"].split(": ", 1)[1]
         section = notes.split(f"### {heading}")[1].split("\n### ")[0]
-        names = (f"`{p['base']}`", f"`{p['base'].removesuffix('_1gpu')}`")
+        # the capture's own name where its command ends with it: "... layout22 (w_pp2_rc_m2)"
+        captured = re.search(r"\((\w+)\)\s*$", commands[p["base"]])
+        names = (f"`{p['base']}`", f"`{p['base'].removesuffix('_1gpu')}`") + ((f"`{captured.group(1)}`",) if captured else ())
         # pairs of a call are told apart by their key where they have one ("L2: ..." in the
         # pair's change, "| L2 `base` ..." in the row; a row may then state the change, not the
         # fix: call P's two-change pairs), else by the fix
