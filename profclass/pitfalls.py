@@ -52,6 +52,7 @@ def facts(flags: dict, env: dict, cfg: dict, peak_share: float | None, n_gpus: i
         "long_context": bool(seq and seq >= LONG_CONTEXT),
         "cp_far_from_guess": bool(guess and max(cp, guess) / min(cp, guess) >= 4),
         "memory_headroom": peak_share is not None and peak_share < HEADROOM_SHARE,
+        "memory_measured": peak_share is not None,
         "activation_fusion_flag": "--bias-activation-fusion" in flags,
         "activation_unfused": _unfused(kernel_names, "activation"),
     }

@@ -166,6 +166,10 @@ CASES = {
     "full_recompute_with_headroom": (
         dict(args=["--recompute-granularity", "full"], recompute=True, peak_share=0.3),
         dict(args=["--recompute-granularity", "full"], recompute=True, peak_share=0.95)),
+    # no memory events in the capture: the headroom is unknown, not absent
+    "full_recompute_memory_unknown": (
+        dict(args=["--recompute-granularity", "full"], recompute=True),
+        dict(args=["--recompute-granularity", "full"], recompute=True, peak_share=0.95)),
     # 150 op ranges x 2 us per ~0.6 ms step: the capture's own cost is ~50% of it
     "profiler_overhead_emit_nvtx": (dict(args=[], op_ranges=150), dict(args=[], op_ranges=0)),
     # the eager SwiGLU's kernel (TorchDynamo off) against Inductor's compiled one (call J / K traces)
