@@ -59,9 +59,9 @@ def test_a_saving_on_every_microbatch_saves_every_slot_of_the_pipeline(diagnosis
     base = ps.step_ns(st, st.v, st.m, x)
     delta = 2e6  # ns per micro-batch
     saved = np.full(st.p, delta * st.m)
-    in_work = base - ps.step_ns(pipelined.leaner(st, saved, np.ones(st.p)), st.v, st.m, x)
+    in_work = base - ps.step_ns(ps.less_time(st, saved, np.ones(st.p)), st.v, st.m, x)
     assert in_work == pytest.approx((st.m + st.p - 1) * delta, rel=0.05)
-    in_rest = base - ps.step_ns(pipelined.leaner(st, saved / st.m, np.zeros(st.p)), st.v, st.m, x)
+    in_rest = base - ps.step_ns(ps.less_time(st, saved / st.m, np.zeros(st.p)), st.v, st.m, x)
     assert in_rest == pytest.approx(delta, rel=0.05)
 
 

@@ -246,9 +246,15 @@ def gains_ms(spec: dict, st: Stages) -> dict | None:
 def less_host(st: Stages, saved_ns) -> Stages:
     """The stages with ``saved_ns`` (per stage, ns per step of its time the graph replay takes
     away: host time) taken out, split between the micro-batches' work and the once-per-step
-    rest by their time (m U against R; the rest's part before the meeting point in proportion)."""
+    rest by their time (m U against R)."""
+    return less_time(st, saved_ns, st.m * st.work / np.maximum(st.m * st.work + st.rest, 1))
+
+
+def less_time(st: Stages, saved_ns, share) -> Stages:
+    """The stages with ``saved_ns`` (per stage, ns per step) taken off: ``share`` of it from the
+    micro-batches' work (over m), the rest from the once-per-step rest (its part before the
+    stages' meeting point in proportion)."""
     saved = np.asarray(saved_ns, float)
-    share = st.m * st.work / np.maximum(st.m * st.work + st.rest, 1)
     rest = np.clip(st.rest - (1 - share) * saved, 0, None)
     pre = None if st.rest_before_meet is None else st.rest_before_meet * rest / np.maximum(st.rest, 1)
     return replace(st, work=np.clip(st.work - share * saved / st.m, 0, None), rest=rest, rest_before_meet=pre)

@@ -18,8 +18,6 @@ nor a larger micro-batch (``fewer_launches``), which changes the schedule's size
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from . import pipeline_schedule, scenario, transforms
@@ -67,19 +65,10 @@ def work_share(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarr
     return share / np.maximum(n, 1)
 
 
-def leaner(st: Stages, saved_ns: np.ndarray, share: np.ndarray) -> Stages:
-    """The stages with ``saved_ns`` (per stage, ns per step) taken off: ``share`` of it from each
-    micro-batch's work (over m), the rest from the once-per-step rest (its part before the
-    stages' meeting point in proportion)."""
-    rest = np.clip(st.rest - (1 - share) * saved_ns, 0, None)
-    pre = None if st.rest_before_meet is None else st.rest_before_meet * rest / np.maximum(st.rest, 1)
-    return replace(st, work=np.clip(st.work - share * saved_ns / st.m, 0, None), rest=rest, rest_before_meet=pre)
-
-
 def scheduled_ns(r, st: Stages, base_out: scenario.Outcome, out: scenario.Outcome) -> float:
     """The simulated step (ns) of the stages ``st`` (measured on ``base_out``) with the graph's
     savings from ``base_out`` to ``out`` taken off, the exchange at the gaps' median."""
-    lean = leaner(st, stage_saving(r, base_out, out), work_share(r, base_out, out))
+    lean = pipeline_schedule.less_time(st, stage_saving(r, base_out, out), work_share(r, base_out, out))
     return pipeline_schedule.step_ns(lean, st.v, st.m, pipeline_schedule.exchange_cost(st, 0.5))
 
 
