@@ -54,7 +54,8 @@ def with_exchanges(lay: layout.Layout, records, comm) -> layout.Layout:
     if set(stage) != set(range(p)):
         return lay
     counts = [pipeline_bubbles.sendrecv_per_step(r, k) for r, k in zip(records, comm.kernels)]
-    chunks = None if recomputes or not s.get("microbatches") else s["microbatches"] * (s.get("vpp") or 1)
+    # the passes' chunks choose between programs that launch alike; a misread count fits none
+    chunks = s["microbatches"] * (s.get("vpp") or 1) if s.get("microbatches") else None
     found = pp_program.sizes_from_exchanges(p, stage, counts, chunks)
     if found is None:
         return lay

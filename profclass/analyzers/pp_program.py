@@ -191,7 +191,7 @@ def sizes_from_exchanges(p: int, stage: list, sendrecv_per_step: list[float],
     stage ran per step (``kernels_per_step``, batched or overlapped), or None where no pair
     fits every rank within a kernel (a window's edge may cut one) or several fit equally: the
     one with ``chunks`` (VPP x micro-batches, the forward passes per step) is taken, else the
-    only one without interleaving. A stage's exchange count is the schedule itself: it holds
+    only one without interleaving (a misread chunk count, which fits none, changes nothing). A stage's exchange count is the schedule itself: it holds
     under full recompute, whose re-run forwards make the forward passes misread."""
     if p < 2 or not stage or None in stage:
         return None
