@@ -54,11 +54,14 @@ def layout_lines(d) -> list[str]:
         known = ", ".join(f"{k.upper()}={v}" for k, v in sizes.items()
                           if v is not None and k != "microbatches" and not (dense and k in ("etp", "edp")))
         src = sorted({s for s in (lay.get("source") or {}).values() if s})
-        out.append(f"Layout: {known}; micro-batches {sizes.get('microbatches')}; world {lay.get('world')} "
+        mb = sizes.get("microbatches")
+        out.append(f"Layout: {known}; micro-batches {'unknown' if mb is None else mb}; world {lay.get('world')} "
                    f"(from {', '.join(src) or 'nothing'})")
     if pp.get("bubble_ms_per_step") is not None:
         theory = f", theory {100 * pp['theory_share']:.0f}%" if pp.get("theory_share") is not None else ""
-        line = (f"Pipeline: {pp['stages']} stages x {pp['virtual_stages']} virtual, {pp['microbatches']} micro-batches; "
+        unknown = lambda v: "?" if v is None else v  # noqa: E731
+        line = (f"Pipeline: {pp['stages']} stages x {unknown(pp['virtual_stages'])} virtual, "
+                f"{unknown(pp['microbatches'])} micro-batches; "
                 f"bubble {pp['bubble_ms_per_step']:.1f} ms/step ({100 * pp['bubble_share']:.0f}% of the step{theory})")
         if pp.get("slowest_stage") is not None:
             line += f"; slowest stage {pp['slowest_stage']} (+{pp['stage_imbalance_ms']:.1f} ms/step over the mean)"

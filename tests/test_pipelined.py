@@ -42,6 +42,11 @@ def test_interleaved_programs_of_equal_chunks_stay_undecided_without_the_passes(
     assert pp_program.sizes_from_exchanges(4, [0, 1, 2, 3], counts) is None
     assert pp_program.sizes_from_exchanges(4, [0, 1, 2, 3], counts, chunks=32) == (2, 16)
     assert pp_program.sizes_from_exchanges(4, [0, 1, 2, 3], [c + 5 for c in counts]) is None  # no program
+    # PP 2: VPP 2 x 4 launches 11 a stage, as 1F1B x 10 does (probe 24's flagless interleaved
+    # recompute jobs, whose passes misread): the layout leaves both sizes undetermined there
+    assert {(1, 10), (2, 4)} <= set(pp_program.exchange_fits(2, [0, 1], [11, 11]))
+    assert pp_program.sizes_from_exchanges(2, [0, 1], [11, 11]) is None
+    assert pp_program.sizes_from_exchanges(2, [0, 1], [11, 11], chunks=8) == (2, 4)
 
 
 def _replayer(diagnosis, name: str) -> Replayer:

@@ -57,10 +57,17 @@ def with_exchanges(lay: layout.Layout, records, comm) -> layout.Layout:
     # the passes' chunks choose between programs that launch alike; a misread count fits none
     chunks = s["microbatches"] * (s.get("vpp") or 1) if s.get("microbatches") else None
     found = pp_program.sizes_from_exchanges(p, stage, counts, chunks)
-    if found is None:
+    if found is not None:
+        return replace(lay, sizes={**s, "vpp": found[0], "microbatches": found[1]},
+                       source={**src, "vpp": "inferred", "microbatches": "inferred"})
+    fits = pp_program.exchange_fits(p, stage, counts)
+    if len(fits) < 2 or not recomputes:
         return lay
-    return replace(lay, sizes={**s, "vpp": found[0], "microbatches": found[1]},
-                   source={**src, "vpp": "inferred", "microbatches": "inferred"})
+    # programs that launch alike, and passes that re-run forwards may have misread: no guess
+    why = (f"{layout_infer.UNDETERMINED}: the PP exchanges per step fit "
+           f"{' and '.join(f'VPP {v} x {m} micro-batches' for v, m in fits)}, and the forward passes "
+           "(full recompute re-runs forwards) do not choose")
+    return replace(lay, sizes={**s, "vpp": None, "microbatches": None}, source={**src, "vpp": why, "microbatches": why})
 
 
 def facts(job: Job, numbers: dict) -> dict:

@@ -185,16 +185,14 @@ def captured_p2p(p: int, v: int, m: int, stage: list, sendrecv_per_step: list[fl
 MAX_VPP = 8
 
 
-def sizes_from_exchanges(p: int, stage: list, sendrecv_per_step: list[float],
-                         chunks: int | None = None) -> tuple[int, int] | None:
-    """(VPP, micro-batches) whose Megatron-Core programs launch the PP send/recv kernels each
-    stage ran per step (``kernels_per_step``, batched or overlapped), or None where no pair
-    fits every rank within a kernel (a window's edge may cut one) or several fit equally: the
-    one with ``chunks`` (VPP x micro-batches, the forward passes per step) is taken, else the
-    only one without interleaving (a misread chunk count, which fits none, changes nothing). A stage's exchange count is the schedule itself: it holds
-    under full recompute, whose re-run forwards make the forward passes misread."""
+def exchange_fits(p: int, stage: list, sendrecv_per_step: list[float]) -> list[tuple[int, int]]:
+    """The (VPP, micro-batches) whose Megatron-Core programs launch the PP send/recv kernels each
+    stage ran per step (``kernels_per_step``, batched or overlapped), every rank within a kernel
+    (a window's edge may cut one), those closest to the counts; [] where none fits. Interleaved
+    programs with equal chunks launch alike (PP 4: VPP 2 x 16 and VPP 4 x 6 both 41, 41, 39, 37),
+    and on PP 2 as 1F1B with more micro-batches (VPP 2 x 4 and 1F1B x 10: 11 a stage)."""
     if p < 2 or not stage or None in stage:
-        return None
+        return []
     fits = []
     top = int(max(sendrecv_per_step)) + 2
     for v in range(1, MAX_VPP + 1):
@@ -211,14 +209,20 @@ def sizes_from_exchanges(p: int, stage: list, sendrecv_per_step: list[float],
                 if max(off) <= 1.0:
                     fits.append((sum(off), v, m))
     if not fits:
-        return None
+        return []
     best = min(f[0] for f in fits)
-    pairs = sorted({(v, m) for off, v, m in fits if off <= best + 1e-9})
-    if chunks:
-        agree = [vm for vm in pairs if vm[0] * vm[1] == chunks]
-        if len(agree) == 1:
-            return agree[0]
+    return sorted({(v, m) for off, v, m in fits if off <= best + 1e-9})
+
+
+def sizes_from_exchanges(p: int, stage: list, sendrecv_per_step: list[float],
+                         chunks: int | None = None) -> tuple[int, int] | None:
+    """(VPP, micro-batches) from the exchanges (``exchange_fits``): the one program that fits,
+    else the one with ``chunks`` (VPP x micro-batches, the forward passes per step) among those
+    that fit alike; None where none fits or the passes do not choose. A stage's exchange count
+    is the schedule itself: it holds under full recompute, whose re-run forwards can make the
+    forward passes misread (a misread count fits no program and chooses nothing)."""
+    pairs = exchange_fits(p, stage, sendrecv_per_step)
     if len(pairs) == 1:
         return pairs[0]
-    plain = [vm for vm in pairs if vm[0] == 1]
-    return plain[0] if len(plain) == 1 else None
+    agree = [vm for vm in pairs if chunks and vm[0] * vm[1] == chunks]
+    return agree[0] if len(agree) == 1 else None
