@@ -32,8 +32,11 @@ from ..kernels import OPTIMIZER_KERNEL
 K_GRAM = 8
 # a bwd-free stretch at least this share of the largest one is a forward pass, not a
 # recomputed layer: a stage's forward runs its L layers, a recompute one layer (or a block
-# of --recompute-num-layers), so for L >= 2 layers a recompute stretch is at most 1/2 of it
-# (equal at L = 2 only where a recomputed layer's stretch also holds the next one's start)
+# of --recompute-num-layers), so for L >= 3 layers a recompute stretch is at most 1/3 of it.
+# At L = 2 it is half, which this share reads as a forward: a two-layer stage's re-run layers
+# are told apart only where its forward runs a pair kernel beyond its layers' (probe 22's stage
+# 0: 9 against 4). Above half instead found 60.8 ms of recompute on mcore_pp4_m4_perrank, which
+# recomputes nothing
 FORWARD_STRETCH_SHARE = 0.5
 
 
