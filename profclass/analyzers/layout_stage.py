@@ -39,7 +39,7 @@ def job_layout(profiles, gpus) -> layout.Layout:
 
 def with_exchanges(lay: layout.Layout, records, comm) -> layout.Layout:
     """The layout with VPP and the micro-batch count read from each stage's PP send/recv kernels
-    per step (``pp_program.sizes_from_exchanges``), where no command line said them and the
+    per step (``pp_program.exchange_fits``, ``chosen_size``), where no command line said them and the
     forward passes could not: a GPU recomputes (full recompute re-runs forwards in the backward,
     and with few layers a stage a re-run layer reads as a forward pass: PP 2 at 4 micro-batches
     was read as 1), or they showed nothing. Needs every PP stage; otherwise the layout as it is."""
@@ -56,11 +56,11 @@ def with_exchanges(lay: layout.Layout, records, comm) -> layout.Layout:
     counts = [pipeline_bubbles.sendrecv_per_step(r, k) for r, k in zip(records, comm.kernels)]
     # the passes' chunks choose between programs that launch alike; a misread count fits none
     chunks = s["microbatches"] * (s.get("vpp") or 1) if s.get("microbatches") else None
-    found = pp_program.sizes_from_exchanges(p, stage, counts, chunks)
+    fits = pp_program.exchange_fits(p, stage, counts)
+    found = pp_program.chosen_size(fits, chunks)
     if found is not None:
         return replace(lay, sizes={**s, "vpp": found[0], "microbatches": found[1]},
                        source={**src, "vpp": "inferred", "microbatches": "inferred"})
-    fits = pp_program.exchange_fits(p, stage, counts)
     if len(fits) < 2 or not recomputes:
         return lay
     # programs that launch alike, and passes that re-run forwards may have misread: no guess

@@ -221,8 +221,12 @@ def sizes_from_exchanges(p: int, stage: list, sendrecv_per_step: list[float],
     that fit alike; None where none fits or the passes do not choose. A stage's exchange count
     is the schedule itself: it holds under full recompute, whose re-run forwards can make the
     forward passes misread (a misread count fits no program and chooses nothing)."""
-    pairs = exchange_fits(p, stage, sendrecv_per_step)
-    if len(pairs) == 1:
-        return pairs[0]
-    agree = [vm for vm in pairs if chunks and vm[0] * vm[1] == chunks]
+    return chosen_size(exchange_fits(p, stage, sendrecv_per_step), chunks)
+
+
+def chosen_size(fits: list[tuple[int, int]], chunks: int | None) -> tuple[int, int] | None:
+    """Of ``exchange_fits``'s programs: the only one, else the only one with ``chunks``."""
+    if len(fits) == 1:
+        return fits[0]
+    agree = [vm for vm in fits if chunks and vm[0] * vm[1] == chunks]
     return agree[0] if len(agree) == 1 else None
