@@ -29,7 +29,8 @@ class GpuTimeline:
     ops: kernels, memcpys and memsets with columns start, end, op ('kernel', 'memcpy',
       'memset'), name, full_name, stream, correlation, grid, block, graph_node, bytes, kind
       ('HtoD'...; '' for kernels), pinned, is_comm, library, collective, is_gemm, is_fp8,
-      pair, side, launch_start, launch_end (the CPU call; -1 when unknown)
+      pair, side, launch_start, launch_end, launch_tid (the CPU call and its thread; -1 when
+      unknown)
     runtime: this process's CUDA API calls (start, end, tid, correlation, name)
     nvtx: this process's NVTX ranges (start, end, tid, text)
     iterations: index, start, end of each detected iteration on the GPU clock, and steady
@@ -93,7 +94,8 @@ def in_forward(ops: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
 
 OPS_COLUMNS = ["start", "end", "device", "pid", "stream", "correlation", "op", "name", "full_name",
                "grid", "block", "graph_node", "bytes", "kind", "pinned", "is_comm", "library",
-               "collective", "is_gemm", "is_fp8", "pair", "side", "launch_start", "launch_end"]
+               "collective", "is_gemm", "is_fp8", "pair", "side", "launch_start", "launch_end",
+               "launch_tid"]
 _STR_COLUMNS = ("op", "kind", "library", "collective", "pair", "side")
 
 
@@ -144,9 +146,9 @@ def build_ops(prof: RawProfile) -> pd.DataFrame:
     for c in ("is_comm", "is_gemm", "is_fp8"):
         flags[c] = np.concatenate(flags[c])
 
-    launch_start, launch_end = _launch_times(prof.runtime, num["pid"], num["correlation"])
+    launch_start, launch_end, launch_tid = _launch_times(prof.runtime, num["pid"], num["correlation"])
     order = np.lexsort((num["end"], num["start"]))  # stable: ties keep kernels, copies, sets order
-    num["launch_start"], num["launch_end"] = launch_start, launch_end
+    num["launch_start"], num["launch_end"], num["launch_tid"] = launch_start, launch_end, launch_tid
     strs["name"], strs["full_name"] = names, full_names
     return _in_order(order, num, later, flags, strs)
 
@@ -209,12 +211,14 @@ def _categorical(parts: list[tuple[np.ndarray, np.ndarray]], order: np.ndarray) 
     return pd.Categorical.from_codes(codes, categories=pd.Index(uniq[present].astype(object), dtype="str"))
 
 
-def _launch_times(rt: pd.DataFrame, pid: np.ndarray, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end of the first launch call with each op's (pid, correlation); -1 if none."""
+def _launch_times(rt: pd.DataFrame, pid: np.ndarray, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start, end and thread of the first launch call with each op's (pid, correlation); -1 if
+    none."""
     n = len(pid)
-    start, end = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    # a thread id is 24 bits (load's globalTid split): int32, one column of 4 bytes an op
+    start, end, tid = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int32)
     if rt.empty:
-        return start, end
+        return start, end, tid
     names = rt["name"]
     if isinstance(names.dtype, pd.CategoricalDtype):
         hit_cat = np.asarray(names.cat.categories.astype(str).str.match(LAUNCH_CALLS), bool)
@@ -244,7 +248,8 @@ def _launch_times(rt: pd.DataFrame, pid: np.ndarray, corr: np.ndarray) -> tuple[
         at = np.flatnonzero(keep)[at_all[found]]
     start[found] = rt["start"].to_numpy(np.int64)[rows[at]]
     end[found] = rt["end"].to_numpy(np.int64)[rows[at]]
-    return start, end
+    tid[found] = rt["tid"].to_numpy(np.int64)[rows[at]]
+    return start, end, tid
 
 
 def build_ops_pandas(prof: RawProfile) -> pd.DataFrame:
@@ -284,15 +289,14 @@ def build_ops_pandas(prof: RawProfile) -> pd.DataFrame:
     # join each op to the API call that launched it (correlation ids are per process)
     rt = prof.runtime
     if not rt.empty:
-        launches = rt[rt["name"].astype(str).str.match(LAUNCH_CALLS)][["pid", "correlation", "start", "end"]]
+        launches = rt[rt["name"].astype(str).str.match(LAUNCH_CALLS)][["pid", "correlation", "start", "end", "tid"]]
         launches = launches.drop_duplicates(["pid", "correlation"]).rename(
-            columns={"start": "launch_start", "end": "launch_end"})
+            columns={"start": "launch_start", "end": "launch_end", "tid": "launch_tid"})
         ops = ops.merge(launches, on=["pid", "correlation"], how="left")
     else:
-        ops["launch_start"] = np.nan
-        ops["launch_end"] = np.nan
-    ops["launch_start"] = ops["launch_start"].fillna(-1).astype(np.int64)
-    ops["launch_end"] = ops["launch_end"].fillna(-1).astype(np.int64)
+        ops["launch_start"] = ops["launch_end"] = ops["launch_tid"] = np.nan
+    for c, t in (("launch_start", np.int64), ("launch_end", np.int64), ("launch_tid", np.int32)):
+        ops[c] = ops[c].fillna(-1).astype(t)
     ops["name"] = ops["name"].astype("category")
     ops["full_name"] = ops["full_name"].astype("category")
     return ops.sort_values(["start", "end"], kind="stable").reset_index(drop=True)

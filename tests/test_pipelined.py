@@ -124,16 +124,20 @@ def test_a_flagless_recompute_pipeline_reads_its_microbatches(diagnosis):
     assert runs == 2 * 2 * t.iterations
 
 
-def test_recompute_off_keeps_a_real_exchange_inside_a_recomputed_span(diagnosis):
-    """On the same capture's first stage PP send/recv kernels start inside the recomputed spans
-    (28 ms/step): priced off, those keep their time, and the first stage saves no more per
-    micro-batch than the last (their layers are alike)."""
+def test_recompute_off_on_a_real_pipeline_drops_reruns_not_exchanges(diagnosis):
+    """On the same capture the first stage's recomputed spans hold no PP send/recv: by the
+    launching thread they are its 2 x 2 re-run layers a step (the size rule had read 28 ms/step
+    of its exchanges as re-runs: tests/test_recompute_threads.py). Priced off, every exchange
+    keeps its time, and the first stage saves no more per micro-batch than the last (their
+    layers are alike)."""
     r = _replayer(diagnosis, "mcore_wrapped_pp2_rc_m2")
     first = [gi for gi, s in enumerate(r.stages.gpu_stage) if s == 0][0]
     t = r.traces[first]
-    inside = t.ops.recomputed & (r.ctx.op_groups[first] == "PP")
-    assert inside.any()
+    pp = r.ctx.op_groups[first] == "PP"
+    assert pp.any() and not (t.ops.recomputed & pp).any()
+    runs = int(np.sum(np.diff(np.r_[0, t.ops.recomputed.astype(np.int8)]) == 1))
+    assert runs == 2 * 2 * t.iterations
     w = transforms.apply({"kind": "drop_recomputed", "keep": 0.0}, "best", r.traces, r.untraced, r.ctx)
-    assert (w[first].op_dur[inside] == r.untraced[first].op_dur[inside]).all()
+    assert (w[first].op_dur[pp] == r.untraced[first].op_dur[pp]).all()
     saved = pipelined.stage_saving(r, r.untraced_out, r.replay(w))
     assert saved[0] <= 1.1 * saved[1], saved

@@ -13,6 +13,14 @@ of a step the *same* kernel sequence as the forward appears again. Per steady it
   backward cannot run unless it recomputes: generic element-wise sequences that happen to
   repeat do not count.
 
+Which stretches are forward passes is read from the thread that launched them where the export
+says: PyTorch's autograd engine runs a CUDA backward on its own per-device thread, not on the
+thread that called ``backward()``, and a checkpoint re-runs its forward inside that backward, so
+a re-run layer is launched by the thread that launches the backward-only kernels and a forward
+pass by another. A stretch then also ends where the launching thread changes. Where the threads
+cannot tell (too many kernels without a launch call, or no forward-only kernel launched off the
+backward's thread), a stretch's size tells instead (``FORWARD_STRETCH_SHARE``).
+
 The recompute cost is the wall-clock span of those runs (first kernel's start to last
 kernel's end): the recomputed kernels, the communication the recomputed forward re-issues
 (MoE dispatch all-to-all) and the launch gaps between them, which is what turning recompute
@@ -38,6 +46,10 @@ K_GRAM = 8
 # 0: 9 against 4). Above half instead found 60.8 ms of recompute on mcore_pp4_m4_perrank, which
 # recomputes nothing
 FORWARD_STRETCH_SHARE = 0.5
+# the threads tell forwards from re-runs only where at most this share of the compute kernels
+# has no launch call (graph-replayed or unmatched kernels): a tenth unknown could at most move a
+# few kernels of a layer between stretches, not a layer's k-grams
+UNKNOWN_THREAD_SHARE = 0.1
 
 
 def _kgrams(codes: np.ndarray, k: int) -> np.ndarray:
@@ -59,18 +71,15 @@ def recomputed_spans(compute_ops: pd.DataFrame) -> iv.IntervalSet:
     # stretches: the kernels between two backward-only kernels. A micro-batch's forward runs
     # all of the stage's layers without one, a recomputed forward one layer (or one
     # checkpointed block) before that layer's backward: the long stretches are forwards
-    stretch = np.cumsum(is_bwd)
-    # a stretch's size in forward-only pair kernels, which every layer's forward runs and
-    # nothing else does: the optimizer's kernels (once a step, between the last backward and
-    # the next forward) and a backward's pieces do not count, so with two layers a stage a
-    # forward still reads twice a recomputed layer (by all kernels the optimizer's stretch
-    # outnumbered the forwards, which then read as recomputes); without pair kernels, every
-    # kernel but the optimizer's
-    fwd_len = np.bincount(stretch[side == "fwd"], minlength=stretch[-1] + 1)
-    if fwd_len.max() == 0:
-        optimizer = ops["full_name"].astype(str).str.contains("|".join(OPTIMIZER_KERNEL)).to_numpy()
-        fwd_len = np.bincount(stretch[~is_bwd & ~optimizer], minlength=stretch[-1] + 1)
-    is_forward = fwd_len >= FORWARD_STRETCH_SHARE * fwd_len.max()
+    on_bwd_thread = _on_backward_thread(ops, side)
+    if on_bwd_thread is not None:
+        # a stretch also ends where the launching thread changes; it is a forward pass when the
+        # thread that calls the model launched it, a re-run candidate when the backward's did
+        stretch = np.cumsum(is_bwd | np.r_[False, on_bwd_thread[1:] != on_bwd_thread[:-1]])
+        is_forward = np.bincount(stretch[~is_bwd & ~on_bwd_thread], minlength=stretch[-1] + 1) > 0
+    else:
+        stretch = np.cumsum(is_bwd)
+        is_forward = _long_stretches(ops, side, is_bwd, stretch)
     grams = _kgrams(codes, K_GRAM)
     own = np.where(is_bwd, -1, stretch)  # a backward-only kernel belongs to no stretch
     same = (own[:-K_GRAM + 1] == own[K_GRAM - 1:]) & (own[:-K_GRAM + 1] >= 0)  # window in one stretch
@@ -92,6 +101,40 @@ def recomputed_spans(compute_ops: pd.DataFrame) -> iv.IntervalSet:
     fwd_only = np.cumsum(np.r_[0, side == "fwd"])
     keep = fwd_only[run_hi] - fwd_only[run_lo] > 0
     return iv.union(start[run_lo[keep]], end[run_hi[keep] - 1])
+
+
+def _on_backward_thread(ops: pd.DataFrame, side: np.ndarray) -> np.ndarray | None:
+    """Per kernel (in ``ops``' order): launched by the backward's thread, the one that launched
+    most backward-only kernels (a kernel without a launch call takes its predecessor's). None
+    where the threads cannot tell: no thread column, more than ``UNKNOWN_THREAD_SHARE`` of the
+    kernels without one, or no forward-only kernel launched by another thread."""
+    if "launch_tid" not in ops:
+        return None
+    tid = ops["launch_tid"].to_numpy(np.int64)
+    known = tid >= 0
+    if known.mean() < 1 - UNKNOWN_THREAD_SHARE or not (known & (side == "bwd")).any():
+        return None
+    threads, counts = np.unique(tid[known & (side == "bwd")], return_counts=True)
+    on = tid == threads[np.argmax(counts)]
+    if not (known & ~on & (side == "fwd")).any():
+        return None  # one thread runs forwards and backwards: nothing to tell them by
+    last_known = np.maximum.accumulate(np.where(known, np.arange(tid.size), 0))
+    return on[last_known]
+
+
+def _long_stretches(ops: pd.DataFrame, side: np.ndarray, is_bwd: np.ndarray, stretch: np.ndarray) -> np.ndarray:
+    """Per stretch: a forward pass by its size, at least ``FORWARD_STRETCH_SHARE`` of the
+    largest. Sized in forward-only pair kernels, which every layer's forward runs and nothing
+    else does: the optimizer's kernels (once a step, between the last backward and the next
+    forward) and a backward's pieces do not count, so with two layers a stage a forward still
+    reads twice a recomputed layer (by all kernels the optimizer's stretch outnumbered the
+    forwards, which then read as recomputes); without pair kernels, every kernel but the
+    optimizer's."""
+    fwd_len = np.bincount(stretch[side == "fwd"], minlength=stretch[-1] + 1)
+    if fwd_len.max() == 0:
+        optimizer = ops["full_name"].astype(str).str.contains("|".join(OPTIMIZER_KERNEL)).to_numpy()
+        fwd_len = np.bincount(stretch[~is_bwd & ~optimizer], minlength=stretch[-1] + 1)
+    return fwd_len >= FORWARD_STRETCH_SHARE * fwd_len.max()
 
 
 def outside(ops: pd.DataFrame, spans: iv.IntervalSet) -> pd.DataFrame:

@@ -42,7 +42,7 @@ def clipped_set(df: pd.DataFrame, lo: int, hi: int) -> iv.IntervalSet:
 # window's frames are a few narrow copies, not four copies of every ops column (4 GB export:
 # ~1 GiB less per GPU)
 KERNEL_COLUMNS = ["start", "end", "launch_start", "launch_end", "graph_node", "is_fp8"]
-COMPUTE_COLUMNS = ["start", "end", "name", "full_name", "grid", "is_gemm", "pair", "side"]
+COMPUTE_COLUMNS = ["start", "end", "name", "full_name", "grid", "is_gemm", "pair", "side", "launch_tid"]
 COMM_COLUMNS = ["start", "end", "collective", "library"]
 COPY_COLUMNS = ["start", "end", "kind", "bytes", "pinned"]
 
