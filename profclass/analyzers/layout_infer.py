@@ -297,7 +297,7 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
         layout.moe_router = moe_router
     if any(layout.source.get(k) for k in ("tp", "pp", "ep")):
         return
-    if len(kernels) == 1 and layout.world_from_gpus:
+    if len(kernels) == 1 and (layout.world_from_gpus or layout.world == 1):
         _one_gpu(layout, kernels[0], alltoall_peers)
     if len(kernels) < 2:
         return
@@ -342,10 +342,10 @@ UNDETERMINED = "not determined"  # the source of a size the traffic cannot tell 
 
 
 def _one_gpu(layout: Layout, kernels, alltoall_peers) -> None:
-    """One GPU, the world its GPUs. With collectives their peers are outside it: the job is bigger,
-    by how much nothing says (NCCL's NVTX ranges may give the all-to-all's group). With none,
-    the job is this GPU: every group of one."""
-    if not len(kernels):
+    """One GPU. With collectives and no launcher's world their peers are outside it: the job is
+    bigger, by how much nothing says (NCCL's NVTX ranges may give the all-to-all's group). With
+    none, or a launcher's world of one, the job is this GPU: every group of one."""
+    if not len(kernels) or not layout.world_from_gpus:
         if layout.world == 1:
             for k in ("tp", "cp", "pp", "ep"):
                 layout.sizes[k], layout.source[k] = 1, "inferred"
