@@ -13,19 +13,39 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
     kernels:fp8        FP8 GEMM kernels appear
     library:NAME       a communication library's kernels appear (deepep, hybridep)
     graphs             CUDA graph launches appear
+
+Where a flag is absent its value may come from the layout (``_LAYOUT_FLAGS``: the micro-batch
+count and VPP read off the timeline). The predicted gain is the replay's price of the change the
+pair made on the base (``replay.run.price_requests``: a schedule change by the sizes both sides
+ran, ``_schedule_change``), as ``diagnose`` prices the fixes it lists; the fix's share model
+where the replay cannot price it (no transform, or a stored base without its replay inputs).
 """
 from __future__ import annotations
 
 from ..config import run_flags
 from ..fixes import load_table, predict_by_id
+from ..replay.run import price_requests
 
 _ABSENT = (None, False, "0", "false", "False")
 
 
+# the schedule's sizes as the layout read them (off the launch line, or off the timeline where a
+# wrapper, a config file or a Bridge recipe kept Megatron's flags off it), standing in for the
+# flags that would have said them: a flagless pair that changed the micro-batches or interleaved
+# is recognised as one that did it by flag
+_LAYOUT_FLAGS = {"microbatches": "--num-microbatches", "vpp": "--virtual-pipeline-model-parallel-size"}
+
+
 def _settings(d) -> dict:
-    """Configuration values and command-line flags of one side, one flat dict."""
+    """Configuration values and command-line flags of one side, one flat dict (with the layout's
+    schedule sizes where no flag says them: ``_LAYOUT_FLAGS``)."""
     out = {k: (v or {}).get("value") for k, v in d.config.items() if k != "command_line_flags"}
     out.update(run_flags(d.config))
+    sizes = (getattr(d, "layout", None) or {}).get("sizes") or {}
+    for key, flag in _LAYOUT_FLAGS.items():
+        if out.get(flag) is None and sizes.get(key):
+            # VPP 1 is no interleaving: absent, as an unset flag
+            out[flag] = None if key == "vpp" and sizes[key] == 1 else sizes[key]
     return out
 
 
@@ -81,8 +101,10 @@ def _work_ratio(sb: dict, sc: dict, flag_ratio: float) -> float:
     return wc / wb if wb and wc else flag_ratio
 
 
-# flags whose growth factor a gain model takes (``predict_by_id``'s ``change``)
-_FACTOR_INPUTS = {"--micro-batch-size": "microbatch_factor"}
+# flags whose growth factor a gain model or a replay transform takes (``predict_by_id``'s
+# ``change``; the replay's request: pp_schedule's ``microbatches`` is the factor the count grew)
+_FACTOR_INPUTS = {"--micro-batch-size": "microbatch_factor", "--num-microbatches": "microbatches",
+                  "--global-batch-size": "microbatches"}
 
 
 def _change(cond: str, sb: dict, sc: dict) -> dict:
@@ -94,10 +116,45 @@ def _change(cond: str, sb: dict, sc: dict) -> dict:
     return {_FACTOR_INPUTS[arg]: vc / vb}
 
 
-def _predicted(fix_id: str, b, change: dict) -> dict:
-    """The base's prediction for the change made: from its numbers when it was diagnosed here,
-    else from its stored fixes list (a saved diagnosis: the model's stated default change),
-    else unknown."""
+def _schedule_change(b, c) -> dict:
+    """The schedule change a pair made, as a ``pp_schedule`` transform takes it: VPP's and the
+    micro-batch count's factors (candidate over base, whole numbers only) and the candidate's
+    P2P mode, from the pipeline sections (the layout's sizes, the pipeline analyzer's mode)."""
+    pb, pc = getattr(b, "pipeline", None) or {}, getattr(c, "pipeline", None) or {}
+    out = {}
+    for key, name in (("virtual_stages", "vpp"), ("microbatches", "microbatches")):
+        vb, vc = pb.get(key), pc.get(key)
+        if vb and vc and vc != vb and vc % vb == 0:
+            out[name] = vc // vb
+    if out and pc.get("p2p"):
+        out["p2p"] = pc["p2p"]
+    return out
+
+
+def _request(fix_id: str, change: dict) -> str:
+    """The replay's request for a fix with the change a pair made (``replay.run._requested``)."""
+    return fix_id + (":" + ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                                    for k, v in change.items()) if change else "")
+
+
+def _replayed(b, wanted: list[tuple[str, dict]]) -> dict:
+    """The replay's price of each (fix, change) on the base, by request: the fixes priced as
+    ``diagnose`` prices its own (without the profiler), where the base was diagnosed here with
+    its replay inputs and the fix has a transform; {} otherwise."""
+    inp = getattr(getattr(b, "extra", None), "replay_inputs", None)
+    if inp is None or not wanted:
+        return {}
+    return price_requests(inp, tuple(dict.fromkeys(_request(i, ch) for i, ch in wanted)),
+                          {f["id"]: f for f in load_table()})
+
+
+def _predicted(fix_id: str, b, change: dict, replayed: dict) -> dict:
+    """The base's prediction for the change made: the replay's (``replayed``) where it priced
+    it, else the fix's share model on the base's numbers when it was diagnosed here, else its
+    stored fixes list (a saved diagnosis: the model's stated default change), else unknown."""
+    p = replayed.get(_request(fix_id, change))
+    if p is not None:
+        return dict(expected_gain_ms=p.best_ms, gain_low_ms=p.low_ms, gain_high_ms=p.high_ms, gain_basis=p.basis)
     step = b.window["step_ms"]["mean"]
     if getattr(b, "numbers", None) is not None:
         return predict_by_id(fix_id, b.numbers, step, change)
@@ -108,15 +165,19 @@ def _predicted(fix_id: str, b, change: dict) -> dict:
 def fix_gains(b, c, base_ms: float, candidate_ms: float) -> list[dict]:
     """One row per known fix the candidate applies: predicted (on the base) next to realized."""
     sb, sc, kb, kc = _settings(b), _settings(c), _kernel_signs(b), _kernel_signs(c)
-    rows = []
+    applied = []
     for fix in load_table():
         hits = [(cond, ratio) for cond in fix.get("applied_when", []) for ok, ratio in [_applied(cond, sb, sc, kb, kc)]
                 if ok]
-        if not hits:
-            continue
-        cond, ratio = hits[0]
+        if hits:
+            on_schedule = (fix.get("transform") or {}).get("kind") == "pp_schedule"
+            change = (on_schedule and _schedule_change(b, c)) or _change(hits[0][0], sb, sc)
+            applied.append((fix, *hits[0], change))
+    replayed = _replayed(b, [(fix["id"], change) for fix, _, _, change in applied])
+    rows = []
+    for fix, cond, ratio, change in applied:
         realized = base_ms - candidate_ms / ratio
-        p = _predicted(fix["id"], b, _change(cond, sb, sc))
+        p = _predicted(fix["id"], b, change, replayed)
         est, lo, hi = p.get("expected_gain_ms"), p.get("gain_low_ms"), p.get("gain_high_ms")
         rows.append(dict(fix=fix["id"], title=fix["title"], detected_by=cond,
                          predicted_gain_ms=est, gain_low_ms=lo, gain_high_ms=hi, gain_basis=p.get("gain_basis"),

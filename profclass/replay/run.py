@@ -142,13 +142,9 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     """The ``replay`` section, each chosen fix's replayed gain and the fix plan; ``also``: fix
     ids priced too though not chosen (the gain-pair tables price the pair's fix)."""
     measured = float(np.mean(inp.step_ns)) / 1e6 if inp.step_ns else 0.0
-    if measured <= 0 or not any(t.n_ops for t in inp.traces):
-        return ReplayResult(section={}, prices={}, plan=[],
-                            missing=["replay: no steady step with GPU work to replay"])
-    if any(max(abs(t.lo), abs(t.hi), abs(t.measured_end)) + abs(t.shift_ns) > CLOCK_LIMIT_NS for t in inp.traces):
-        return ReplayResult(section={}, prices={}, plan=[],
-                            missing=["replay: timestamps within 2**62 ns of the 64-bit clock's limit (a damaged "
-                                     "export): not replayed, the replay's sums would overflow"])
+    why_not = not_replayable(inp)
+    if why_not:
+        return ReplayResult(section={}, prices={}, plan=[], missing=[why_not])
     r = Replayer(inp)
     step = r.step_ms(r.base)
     without = {}
@@ -184,9 +180,26 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
 
 
+def not_replayable(inp: ReplayInputs) -> str:
+    """Why a job's step cannot be replayed (its ``missing`` line), or "" where it can."""
+    if not inp.step_ns or np.mean(inp.step_ns) <= 0 or not any(t.n_ops for t in inp.traces):
+        return "replay: no steady step with GPU work to replay"
+    if any(max(abs(t.lo), abs(t.hi), abs(t.measured_end)) + abs(t.shift_ns) > CLOCK_LIMIT_NS for t in inp.traces):
+        return "replay: timestamps near the 64-bit clock's limit (a damaged export): not replayed, sums would overflow"
+    return ""
+
+
+def price_requests(inp: ReplayInputs, requests: tuple[str, ...], table: dict) -> dict:
+    """{request: FixPrice} of fixes asked for as ``id[:key=value,...]`` (``_requested``), priced
+    as ``replay_job`` prices its chosen ones; absent: no transform, or nothing to replay."""
+    if not requests or not_replayable(inp):
+        return {}
+    r = Replayer(inp)
+    return _price(r, [_requested(i) for i in requests], table, r.untraced, r.untraced_out)
+
+
 def _untraced_caveat(untraced: float, measured: float) -> str:
-    """What the step without the profiler leaves out on a host-paced multi-rank job (measured:
-    fixtures/notes.md, "The profiler's cost inside a Megatron job")."""
+    """What untraced_step_ms leaves out on a host-paced multi-rank job (fixtures/notes.md)."""
     return (f"replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step "
             f"({100 * (1 - untraced / measured):.0f}%); host-paced 4-rank Megatron jobs ran 13-37% slower traced "
             f"than untraced on one machine, most of it not per call, so the step without the profiler is "
