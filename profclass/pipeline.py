@@ -251,11 +251,12 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     # a fix is already on when its flag is on the command line or its variable in the environment
     chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, {**env_all, **job.flags},
                           out.numbers, step_ms=job.step_ms)
+    found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     inp = _replay_inputs(job, gpus)
     replayed = replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, walls.verdict.wall,
-                                     price_fixes)
+                                     price_fixes, quiet=pitfalls.undoing_fixes(found))
     chosen = replay_run.priced(chosen, replayed.prices, job.step_ms)
-    found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
+    found = pitfalls.priced(found, {i: (p.best_ms, p.basis) for i, p in replayed.prices.items()}, job.step_ms)
     for pf in found:
         if peak_share is not None and "memory_headroom" in pf["facts"]:
             pf["evidence"] = memory.headroom_note(peak_share)

@@ -101,15 +101,42 @@ def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scop
         if not all(_condition_true(fact_values, c) for c in rule["when"]):
             continue
         cost = rule.get("cost", "")
+        basis = None
         if cost == "recompute_ms":
             ms = cost_numbers.get("recompute_ms", 0.0)
+            basis = ("recompute_ms: the recomputed forward's span measured inside backward (its kernels, the "
+                     "collectives it re-issues, the launch gaps between them), ms per step")
         elif cost and cost_numbers:
             g = as_gain(cost, GAINS[cost]({**cost_numbers, "step_ms": step_ms}))
-            ms = None if g is None else max(0.0, g.estimate_ms)
+            ms, basis = (None, None) if g is None else (max(0.0, g.estimate_ms), g.basis)
         else:
             ms = None
         out.append({"id": rule["id"], "rule": rule["id"], "title": rule["title"], "message": rule["message"], "fix": rule["fix"],
                     "cost_ms_per_step": None if ms is None else round(ms, 2),
                     "cost_pct": None if ms is None or not step_ms else round(100 * ms / step_ms, 1),
+                    "cost_basis": None if ms is None else basis,
                     "facts": [c for c in rule["when"]]})
+    return out
+
+
+def undoing_fixes(found: list[dict]) -> tuple[str, ...]:
+    """The fixes (``priced_by`` in rules.toml) whose replayed gain is a found pitfall's cost."""
+    by_rule = {r["id"]: r.get("priced_by") for r in load_rules()}
+    return tuple(dict.fromkeys(by_rule[p["rule"]] for p in found if by_rule.get(p["rule"])))
+
+
+def priced(found: list[dict], prices: dict, step_ms: float) -> list[dict]:
+    """The found pitfalls with each cost that a replayed fix prices (``prices``: fix id ->
+    (best ms per step, basis), the replay's) in place of the measured share: what the step would
+    lose, not what the violation's own time adds up to (a saving on every slot of a pipeline's
+    critical path, collectives and launches included, or hidden behind other work)."""
+    by_rule = {r["id"]: r.get("priced_by") for r in load_rules()}
+    out = []
+    for p in found:
+        got = prices.get(by_rule.get(p["rule"]) or "")
+        if got is not None:
+            ms, basis = max(0.0, got[0]), got[1]
+            p = {**p, "cost_ms_per_step": round(ms, 2), "cost_pct": round(100 * ms / step_ms, 1) if step_ms else None,
+                 "cost_basis": basis}
+        out.append(p)
     return out

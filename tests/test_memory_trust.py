@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import PROFILES
+from conftest import PROFILES, ROOT
 from profclass import intervals as iv
 from profclass.analyzers.recompute import K_GRAM, recomputed_spans
 
@@ -39,11 +39,24 @@ def test_measured_recompute_matches_the_realized_cost(full, none, diagnosis):
     assert d.memory["recompute_mode"] == "full" and base.memory["recompute_mode"] == "none"
 
 
-def test_full_recompute_with_headroom_is_a_pitfall_priced_by_the_measurement(diagnosis):
+def test_full_recompute_with_headroom_is_a_pitfall_priced_by_the_replay(diagnosis):
+    """Its cost is what turning recompute off would save (the replay of recompute_off, its
+    priced_by), not the recompute's measured span: within issue 30's target of what the change
+    realized by the workload's own timer on untraced reruns of both configurations."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
+    gain_pairs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gain_pairs)
     d = diagnosis("mcore_rc_full_ample")
     pf = pitfall(d, "full_recompute_with_headroom")
     assert pf is not None and pf["rule"] == pf["id"]
-    assert pf["cost_ms_per_step"] == pytest.approx(d.memory["recompute_ms_per_step"], abs=0.01)
+    assert pf["cost_basis"].startswith("replay:drop_recomputed")
+    assert pf["cost_ms_per_step"] != pytest.approx(d.memory["recompute_ms_per_step"], abs=0.5)
+    pair = next(p for p in gain_pairs.corpus()["gain_pair"]
+                if p["base"] == "mcore_rc_full_ample" and p["fix"] == "recompute_off")
+    reruns = gain_pairs.untraced(pair, *gain_pairs.pair_runs(pair, PROFILES))
+    assert gain_pairs.replay_within(pf["cost_ms_per_step"], reruns["realized"], reruns["base_step"]), reruns
     # ample headroom: recompute is not memory's; it stays in the walls it runs in
     assert d.memory["near_capacity"] is False and d.memory["recompute_charged_ms_per_step"] == 0.0
     assert d.verdict["wall"] != "memory" and d.walls["memory"]["ms_per_step"] < 1.0
@@ -191,3 +204,19 @@ def test_diff_finds_the_stalled_rank_despite_run_to_run_noise(diagnosis):
     assert c["charged"]["ms_per_step"] >= lead["stall_delta_ms"] * 3 / 4 - abs(c["wait_delta_ms"])
     assert abs(c["transfer_delta_ms"]) < 1.0
     assert not r.significant  # the step delta is noise here, and the attribution does not use it
+
+
+def test_a_pitfall_keeps_its_measured_cost_where_the_replay_does_not_price_its_fix():
+    """pitfalls.priced swaps a cost for the replay's price of the rule's priced_by fix, only
+    where that fix was priced; rules without priced_by are never touched."""
+    from profclass import pitfalls
+
+    found = pitfalls.check({"full_recompute": True, "memory_measured": False}, {"recompute_ms": 40.0}, 200.0)
+    (pf,) = [p for p in found if p["id"] == "full_recompute_memory_unknown"]
+    assert pf["cost_ms_per_step"] == 40.0 and pf["cost_basis"].startswith("recompute_ms")
+    assert pitfalls.undoing_fixes(found) == ("recompute_off",)
+    assert pitfalls.priced(found, {}, 200.0) == found
+    (got,) = [p for p in pitfalls.priced(found, {"recompute_off": (61.0, "replay:drop_recomputed: x")}, 200.0)
+              if p["id"] == pf["id"]]
+    assert (got["cost_ms_per_step"], got["cost_pct"], got["cost_basis"]) == (61.0, 30.5, "replay:drop_recomputed: x")
+    assert pitfalls.priced(found, {"cuda_graphs": (5.0, "replay:cuda_graphs")}, 200.0) == found

@@ -138,9 +138,10 @@ def _ends(g, times, own, n_gpus) -> np.ndarray:
 
 
 def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall: str,
-               also: tuple[str, ...] = ()) -> ReplayResult:
+               also: tuple[str, ...] = (), quiet: tuple[str, ...] = ()) -> ReplayResult:
     """The ``replay`` section, each chosen fix's replayed gain and the fix plan; ``also``: fix
-    ids priced too though not chosen (the gain-pair tables price the pair's fix)."""
+    ids priced too though not chosen (the gain-pair tables price the pair's fix), ``quiet``:
+    likewise but kept out of the section (the fixes that price pitfalls)."""
     measured = float(np.mean(inp.step_ns)) / 1e6 if inp.step_ns else 0.0
     why_not = not_replayable(inp)
     if why_not:
@@ -152,22 +153,21 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         out = r.replay([transforms.without_wall(wall, t, w) for t, w in zip(r.traces, r.captured)])
         without[wall] = round(r.step_ms(out) - step + measured, 3)
     start, untraced = r.untraced, r.untraced_out
-    its = [t.iterations for t in r.traces]
     largest = min(without, key=lambda w: (without[w], WALLS.index(w)))
     section = dict(
         step_ms=round(step, 3), measured_step_ms=round(measured, 3),
         error_pct=round(100.0 * (step - measured) / measured, 2) if measured else None,
         critical_path_ms=r.critical_path_ms(r.base, r.captured), without_wall_ms=without,
         untraced_step_ms=round(r.step_ms(untraced) - step + measured, 3),
-        largest_removal=largest, graph=_graph_facts(r, its))
+        largest_removal=largest, graph=_graph_facts(r, [t.iterations for t in r.traces]))
     if largest != verdict_wall and without[largest] < without.get(verdict_wall, measured) - 0.01 * measured:
         section["note"] = _disagreement(verdict_wall, largest, without, measured)
     if r.stages is not None:  # the schedule simulation's fidelity (PP fixes are priced on it)
         section["pipeline_schedule"] = pipeline_schedule.fidelity(r.stages)
     # fixes are priced and planned on the step without the profiler: the gain is banked in the
     # job that runs without it, where the host's calls cost less (docs/replay.md)
-    prices = _price(r, chosen + [_requested(i) for i in also if i not in {f["id"] for f in chosen}], table,
-                    start, untraced)
+    asked = dict.fromkeys(i for i in (*also, *quiet) if i not in {f["id"] for f in chosen})
+    prices = _price(r, chosen + [_requested(i) for i in asked], table, start, untraced)
     plan = _plan(r, chosen, table, prices, (start, r.step_ms(untraced)), step, measured)
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
         # traced run would show (the captured step, profiler kept), for pairs judged on traced windows
