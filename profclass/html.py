@@ -16,6 +16,7 @@ from .version import __version__
 from . import timeline_view as tv
 from .classify import WALLS
 from .fixes import gain_text
+from .pitfalls import cost_text
 from .formatting import by_rank, layout_lines, pct, plan_steps, replay_lines, shorten, waits_ms_per_step
 from .kernels import collective_name
 
@@ -190,7 +191,8 @@ def _fixes(d) -> list[str]:
                 "<ol class=\"fixes\">" + "".join(items) + "</ol>"]
     else:
         out.append("<p class=\"muted\">No fix applies.</p>")
-    out += [f"<p><b>Pitfall</b> ({_e(p.get('rule', ''))}): {_e(p.get('message', ''))}</p>" for p in d.pitfalls]
+    out += [f"<p><b>Pitfall</b> ({_e(p.get('rule', ''))}): {_e(p.get('message', '') + cost_text(p))}</p>"
+            for p in d.pitfalls]
     return out
 
 

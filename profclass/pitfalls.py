@@ -119,6 +119,15 @@ def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scop
     return out
 
 
+def cost_text(p: dict) -> str:
+    """A pitfall's cost in words, for the text/Markdown/HTML reports ("" when unpriced)."""
+    if p.get("cost_ms_per_step") is None:
+        return ""
+    how = "replayed" if str(p.get("cost_basis") or "").startswith("replay:") else "measured"
+    pct = "" if p.get("cost_pct") is None else f", {p['cost_pct']:.0f}% of the step"
+    return f" Costs ~{p['cost_ms_per_step']:.1f} ms/step{pct} ({how}). Fix: {p.get('fix', '')}."
+
+
 def undoing_fixes(found: list[dict]) -> tuple[str, ...]:
     """The fixes (``priced_by`` in rules.toml) whose replayed gain is a found pitfall's cost."""
     by_rule = {r["id"]: r.get("priced_by") for r in load_rules()}

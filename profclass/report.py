@@ -8,6 +8,7 @@ from rich.table import Table
 
 from .classify import WALLS
 from .fixes import gain_text
+from .pitfalls import cost_text
 from .formatting import by_rank, layout_lines, md_cell, md_code, pct, plan_steps, replay_lines, waits_ms_per_step
 from .kernels import collective_name
 from .pipeline import Diagnosis
@@ -68,7 +69,7 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
             con.print(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   flags: {f['flags']}\n"
                       f"   why: {f['why']}\n   gain: {f['gain_basis']}")
     for p in d.pitfalls:
-        con.print(f"[bold]Pitfall[/bold]: {p.get('rule', '')}: {p.get('message', '')}")
+        con.print(f"[bold]Pitfall[/bold]: {p.get('rule', '')}: {p.get('message', '')}{cost_text(p)}")
     if d.missing:
         con.print("Missing from the profile: " + "; ".join(d.missing))
     return buf.getvalue() if console is None else ""
@@ -131,7 +132,7 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
         lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(f['flags'])}. {f['why']} "
                   f"Gain: {md_cell(f['gain_basis'])}." for i, f in enumerate(d.fixes, 1)]
     for p in d.pitfalls:
-        lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}"]
+        lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}{md_cell(cost_text(p))}"]
     if d.evidence:
         lines += ["", "<details><summary>Evidence</summary>", "", "| wall | metric | value | unit | note |",
                   "|---|---|---:|---|---|"]

@@ -1,8 +1,8 @@
 """The default terminal answer: one screen (at most ``MAX_LINES`` lines) of a Diagnosis.
 
 The verdict with its confidence, the walls, the straggler, the layout, the fix plan (each fix
-replayed on top of the ones before it), the top fixes with their gains, and the step the replay
-gives without each wall. ``profclass diagnose --detail`` prints
+replayed on top of the ones before it), the top fixes with their gains, the costliest pitfall,
+and the step the replay gives without each wall. ``profclass diagnose --detail`` prints
 the full tables (``report.render_text``); JSON, Markdown and HTML keep everything.
 Plain text, no rich: the first screen costs no table layout.
 """
@@ -14,6 +14,7 @@ import textwrap
 from .classify import WALLS
 from .fixes import gain_text
 from .formatting import layout_lines, pct, plan_steps, replay_lines, shorten
+from .pitfalls import cost_text
 
 # a terminal's first screen: 40 of the usual 45-50 rows, leaving the prompt and the command in view
 MAX_LINES = 40
@@ -83,6 +84,10 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
     if d.fixes:
         blocks.insert(len(blocks) - min(len(d.fixes), TOP_FIXES),
                       ("fixes", [f"Fixes to try ({len(d.fixes)}; predicted gain, best estimate and range):"]))
+    priced = [p for p in d.pitfalls if p.get("cost_ms_per_step")]
+    if priced:  # the costliest pitfall: a full recompute's price is here, not among the fixes
+        p = max(priced, key=lambda x: x["cost_ms_per_step"])
+        blocks.append(("pitfall", wrap(f"Pitfall: {p['title']}.{cost_text(p)}", "   ")))
     replay = replay_lines(d)
     if replay:  # what the replay says the step is without each wall: after the fixes, if room
         blocks.append(("replay", [x for line in replay[1:2] for x in wrap("Replay: " + line[0].lower() + line[1:])]))
