@@ -2,6 +2,8 @@
 quantity is written the same way in every output."""
 from __future__ import annotations
 
+from .fixes import load_table
+
 
 def pct(share: float) -> str:
     """A share (0..1) as a whole percentage."""
@@ -75,7 +77,8 @@ def layout_lines(d) -> list[str]:
 def plan_steps(d) -> list[str]:
     """The fix plan as sentences: each fix, what it wins on top of the earlier ones, the step
     after it, and the wall that comes next."""
-    titles = {f["id"]: f["title"] for f in d.fixes}
+    # a plan step may be a fix of another wall than the listed ones' (one that undoes a pitfall)
+    titles = {f["id"]: f["title"] for f in (*load_table(), *d.fixes)}
     return [f"{titles.get(p['id'], p['id'])}: -{p['gain_ms']:.1f} ms -> step {p['step_ms_after']:.1f} ms, "
             f"then the {p['wall_after']} wall" for p in (getattr(d, "plan", None) or [])]
 

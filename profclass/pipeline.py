@@ -252,9 +252,11 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, {**env_all, **job.flags},
                           out.numbers, step_ms=job.step_ms)
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
+    undo = pitfalls.undoing_fixes(found)
     inp = _replay_inputs(job, gpus)
     replayed = replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, walls.verdict.wall,
-                                     price_fixes, quiet=pitfalls.undoing_fixes(found))
+                                     price_fixes, quiet=undo, plan_also=_applying(undo, facts, {**env_all, **job.flags},
+                                                                                  out.numbers, job.step_ms))
     chosen = replay_run.priced(chosen, replayed.prices, job.step_ms)
     found = pitfalls.priced(found, {i: (p.best_ms, p.basis) for i, p in replayed.prices.items()}, job.step_ms)
     for pf in found:
@@ -273,6 +275,14 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
         kernels=table_records(kernel_table(gpus, [r.iterations for r in records], list(comm.kernels))),
         extra=NotInJson(numbers=out.numbers, replay_inputs=inp), replayed=ReplayReport(replayed.section, replayed.plan),
         **out.sections)
+
+
+def _applying(ids: tuple[str, ...], facts: dict, flags: dict, numbers: dict, step_ms: float) -> tuple:
+    """The fixes of ``ids`` that apply to the profile, whatever their wall: a fix that undoes a
+    pitfall the profile shows may enter the fix plan (recompute off where memory has room)."""
+    if not ids:
+        return ()
+    return tuple(f for f in fixes.select(list(classify.WALLS), facts, flags, numbers, step_ms=step_ms) if f["id"] in ids)
 
 
 def _replay_inputs(job: Job, gpus) -> replay_run.ReplayInputs:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..classify import WALLS
 from . import collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, transforms
+from .notes import disagreement, untraced_caveat
 from .trace import GpuTrace
 
 PLAN_STEPS = 4
@@ -138,10 +139,12 @@ def _ends(g, times, own, n_gpus) -> np.ndarray:
 
 
 def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall: str,
-               also: tuple[str, ...] = (), quiet: tuple[str, ...] = ()) -> ReplayResult:
+               also: tuple[str, ...] = (), quiet: tuple[str, ...] = (), plan_also: tuple = ()) -> ReplayResult:
     """The ``replay`` section, each chosen fix's replayed gain and the fix plan; ``also``: fix
     ids priced too though not chosen (the gain-pair tables price the pair's fix), ``quiet``:
-    likewise but kept out of the section (the fixes that price pitfalls)."""
+    likewise but kept out of the section (the fixes that price pitfalls); ``plan_also``: fixes
+    (``fixes.select``'s rows) the plan may take beside the chosen ones, priced quietly (a fix of
+    another wall that undoes a pitfall the profile shows)."""
     measured = float(np.mean(inp.step_ns)) / 1e6 if inp.step_ns else 0.0
     why_not = not_replayable(inp)
     if why_not:
@@ -161,14 +164,15 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         untraced_step_ms=round(r.step_ms(untraced) - step + measured, 3),
         largest_removal=largest, graph=_graph_facts(r, [t.iterations for t in r.traces]))
     if largest != verdict_wall and without[largest] < without.get(verdict_wall, measured) - 0.01 * measured:
-        section["note"] = _disagreement(verdict_wall, largest, without, measured)
+        section["note"] = disagreement(verdict_wall, largest, without, measured)
     if r.stages is not None:  # the schedule simulation's fidelity (PP fixes are priced on it)
         section["pipeline_schedule"] = pipeline_schedule.fidelity(r.stages)
     # fixes are priced and planned on the step without the profiler: the gain is banked in the
     # job that runs without it, where the host's calls cost less (docs/replay.md)
-    asked = dict.fromkeys(i for i in (*also, *quiet) if i not in {f["id"] for f in chosen})
-    prices = _price(r, chosen + [_requested(i) for i in asked], table, start, untraced)
-    plan = _plan(r, chosen, table, prices, (start, r.step_ms(untraced)), step, measured)
+    pool = chosen + [f for f in plan_also if f["id"] not in {c["id"] for c in chosen}]
+    asked = dict.fromkeys(i for i in (*also, *quiet) if i not in {f["id"] for f in pool})
+    prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced)
+    plan = _plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured)
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
         # traced run would show (the captured step, profiler kept), for pairs judged on traced windows
         traced = _price(r, [_requested(i) for i in also], table, r.captured, r.base, traced=True)
@@ -176,7 +180,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
                                 for i, p in prices.items() if i in also}
     missing = _missing(r)
     if verdict_wall == "host" and len(r.traces) > 1:
-        missing.append(_untraced_caveat(section["untraced_step_ms"], measured))
+        missing.append(untraced_caveat(section["untraced_step_ms"], measured))
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
 
 
@@ -198,14 +202,6 @@ def price_requests(inp: ReplayInputs, requests: tuple[str, ...], table: dict) ->
     return _price(r, [_requested(i) for i in requests], table, r.untraced, r.untraced_out)
 
 
-def _untraced_caveat(untraced: float, measured: float) -> str:
-    """What untraced_step_ms leaves out on a host-paced multi-rank job (fixtures/notes.md)."""
-    return (f"replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step "
-            f"({100 * (1 - untraced / measured):.0f}%); host-paced 4-rank Megatron jobs ran 13-37% slower traced "
-            f"than untraced on one machine, most of it not per call, so the step without the profiler is "
-            f"likely shorter than untraced_step_ms")
-
-
 def _graph_facts(r: Replayer, its: list[int]) -> dict:
     g = r.graph
     return dict(nodes=int(g.n), edges=int(len(g.esrc)), iterations=int(min(its)) if its else 0,
@@ -213,14 +209,6 @@ def _graph_facts(r: Replayer, its: list[int]) -> dict:
                 edge_source=sorted({t.edge_source for t in r.traces}),
                 unexplained_ms_per_step=round(float(np.mean([t.unexplained_ns / max(t.iterations, 1)
                                                              for t in r.traces])) / 1e6, 3))
-
-
-def _disagreement(verdict: str, largest: str, without: dict, measured: float) -> str:
-    gain_v = measured - without.get(verdict, measured)
-    gain_l = measured - without[largest]
-    return (f"the verdict is the {verdict} wall (the largest share of the step), but removing the {largest} "
-            f"wall shortens the replayed step most ({gain_l:.1f} vs {gain_v:.1f} ms/step): the {verdict} "
-            f"time is partly hidden behind other work, so the step does not fall by its share")
 
 
 def _requested(item: str) -> dict:
