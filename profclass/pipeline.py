@@ -249,14 +249,14 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     # whether memory has room for what a fix would add (recompute off): the pitfalls' fact
     facts = {**config.config_facts(cfg), **out.facts, "memory_headroom": run_facts["memory_headroom"]}
     # a fix is already on when its flag is on the command line or its variable in the environment
-    chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, {**env_all, **job.flags},
-                          out.numbers, step_ms=job.step_ms)
+    flags = {**env_all, **job.flags}
+    chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, flags, out.numbers, step_ms=job.step_ms)
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     undo = pitfalls.undoing_fixes(found)
     inp = _replay_inputs(job, gpus)
     replayed = replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, walls.verdict.wall,
-                                     price_fixes, quiet=undo, plan_also=_applying(undo, facts, {**env_all, **job.flags},
-                                                                                  out.numbers, job.step_ms))
+                                     price_fixes, quiet=undo,
+                                     plan_also=_applying(undo, facts, flags, out.numbers, job.step_ms))
     chosen = replay_run.priced(chosen, replayed.prices, job.step_ms)
     found = pitfalls.priced(found, {i: (p.best_ms, p.basis) for i, p in replayed.prices.items()}, job.step_ms)
     for pf in found:
@@ -282,7 +282,8 @@ def _applying(ids: tuple[str, ...], facts: dict, flags: dict, numbers: dict, ste
     pitfall the profile shows may enter the fix plan (recompute off where memory has room)."""
     if not ids:
         return ()
-    return tuple(f for f in fixes.select(list(classify.WALLS), facts, flags, numbers, step_ms=step_ms) if f["id"] in ids)
+    every_wall = fixes.select(list(classify.WALLS), facts, flags, numbers, step_ms=step_ms)
+    return tuple(f for f in every_wall if f["id"] in ids)
 
 
 def _replay_inputs(job: Job, gpus) -> replay_run.ReplayInputs:

@@ -128,9 +128,14 @@ def cost_text(p: dict) -> str:
     return f" Costs ~{p['cost_ms_per_step']:.1f} ms/step{pct} ({how}). Fix: {p.get('fix', '')}."
 
 
+def _priced_by() -> dict:
+    """Rule id -> the fix whose replayed gain prices it (``priced_by``), or None."""
+    return {r["id"]: r.get("priced_by") for r in load_rules()}
+
+
 def undoing_fixes(found: list[dict]) -> tuple[str, ...]:
     """The fixes (``priced_by`` in rules.toml) whose replayed gain is a found pitfall's cost."""
-    by_rule = {r["id"]: r.get("priced_by") for r in load_rules()}
+    by_rule = _priced_by()
     return tuple(dict.fromkeys(by_rule[p["rule"]] for p in found if by_rule.get(p["rule"])))
 
 
@@ -139,7 +144,7 @@ def priced(found: list[dict], prices: dict, step_ms: float) -> list[dict]:
     (best ms per step, basis), the replay's) in place of the measured share: what the step would
     lose, not what the violation's own time adds up to (a saving on every slot of a pipeline's
     critical path, collectives and launches included, or hidden behind other work)."""
-    by_rule = {r["id"]: r.get("priced_by") for r in load_rules()}
+    by_rule = _priced_by()
     out = []
     for p in found:
         got = prices.get(by_rule.get(p["rule"]) or "")

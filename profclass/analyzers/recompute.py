@@ -112,9 +112,10 @@ def _on_backward_thread(ops: pd.DataFrame, side: np.ndarray) -> np.ndarray | Non
         return None
     tid = ops["launch_tid"].to_numpy(np.int64)
     known = tid >= 0
-    if known.mean() < 1 - UNKNOWN_THREAD_SHARE or not (known & (side == "bwd")).any():
+    known_bwd = known & (side == "bwd")
+    if known.mean() < 1 - UNKNOWN_THREAD_SHARE or not known_bwd.any():
         return None
-    threads, counts = np.unique(tid[known & (side == "bwd")], return_counts=True)
+    threads, counts = np.unique(tid[known_bwd], return_counts=True)
     on = tid == threads[np.argmax(counts)]
     if not (known & ~on & (side == "fwd")).any():
         return None  # one thread runs forwards and backwards: nothing to tell them by
