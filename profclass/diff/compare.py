@@ -13,6 +13,7 @@ from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
 from ..kernels import collective_label
 from ..pipeline import Diagnosis, _jsonable
+from ..replay.run import replayer_of
 from .causes import attribute
 from ..fixes import load_table
 from .fix_gains import fix_gains
@@ -332,8 +333,10 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     causes = attribute(b, c)
     # a rise in waiting is the waited-for rank's wall, not communication
     verdict_deltas = causes["walls_delta_ms"] if causes and causes["charged"] else walls_delta
-    applied = fix_gains(b, c, mb, mc)
-    step["split"] = split_step(b, c, mc - mb, applied, {f["id"]: f for f in load_table()})
+    # one replayer of the base for both: the fixes' prices and the step's split
+    rb = replayer_of(getattr(getattr(b, "extra", None), "replay_inputs", None))
+    applied = fix_gains(b, c, mb, mc, rb)
+    step["split"] = split_step(b, c, mc - mb, applied, {f["id"]: f for f in load_table()}, rb)
     verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, components, kernels), applied,
                              significant, change)
     return DiffResult(

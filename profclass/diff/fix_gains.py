@@ -16,15 +16,16 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
 
 Where a flag is absent its value may come from the layout (``_LAYOUT_FLAGS``: the micro-batch
 count and VPP read off the timeline). The predicted gain is the replay's price of the change the
-pair made on the base (``replay.run.price_requests``: a schedule change by the sizes both sides
-ran, ``_schedule_change``), as ``diagnose`` prices the fixes it lists; the fix's share model
-where the replay cannot price it (no transform, or a stored base without its replay inputs).
+pair made on the base (``replay.run.price_requests`` on the base's replayer, which ``diff``
+shares with the step's split: a schedule change by the sizes both sides ran,
+``_schedule_change``), as ``diagnose`` prices the fixes it lists; the fix's share model where
+the replay cannot price it (no transform, or a stored base without its replay inputs).
 """
 from __future__ import annotations
 
 from ..config import run_flags
 from ..fixes import load_table, predict_by_id
-from ..replay.run import price_requests
+from ..replay.run import price_requests, request_text
 
 _ABSENT = (None, False, "0", "false", "False")
 
@@ -131,20 +132,11 @@ def _schedule_change(b, c) -> dict:
     return out
 
 
-def _request(fix_id: str, change: dict) -> str:
-    """The replay's request for a fix with the change a pair made (``replay.run._requested``)."""
-    return fix_id + (":" + ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
-                                    for k, v in change.items()) if change else "")
-
-
-def _replayed(b, wanted: list[tuple[str, dict]]) -> dict:
+def _replayed(rb, wanted: list[tuple[str, dict]]) -> dict:
     """The replay's price of each (fix, change) on the base, by request: the fixes priced as
-    ``diagnose`` prices its own (without the profiler), where the base was diagnosed here with
-    its replay inputs and the fix has a transform; {} otherwise."""
-    inp = getattr(getattr(b, "extra", None), "replay_inputs", None)
-    if inp is None or not wanted:
-        return {}
-    return price_requests(inp, tuple(dict.fromkeys(_request(i, ch) for i, ch in wanted)),
+    ``diagnose`` prices its own (without the profiler), on the base's replayer ``rb`` (None: the
+    base was not diagnosed here with its replay inputs, or cannot be replayed); {} without one."""
+    return price_requests(rb, tuple(dict.fromkeys(request_text(i, ch) for i, ch in wanted)),
                           {f["id"]: f for f in load_table()})
 
 
@@ -152,7 +144,7 @@ def _predicted(fix_id: str, b, change: dict, replayed: dict) -> dict:
     """The base's prediction for the change made: the replay's (``replayed``) where it priced
     it, else the fix's share model on the base's numbers when it was diagnosed here, else its
     stored fixes list (a saved diagnosis: the model's stated default change), else unknown."""
-    p = replayed.get(_request(fix_id, change))
+    p = replayed.get(request_text(fix_id, change))
     if p is not None:
         return dict(expected_gain_ms=p.best_ms, gain_low_ms=p.low_ms, gain_high_ms=p.high_ms, gain_basis=p.basis)
     step = b.window["step_ms"]["mean"]
@@ -162,8 +154,9 @@ def _predicted(fix_id: str, b, change: dict, replayed: dict) -> dict:
     return {k: stored.get(k) for k in ("expected_gain_ms", "gain_low_ms", "gain_high_ms", "gain_basis")}
 
 
-def fix_gains(b, c, base_ms: float, candidate_ms: float) -> list[dict]:
-    """One row per known fix the candidate applies: predicted (on the base) next to realized."""
+def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
+    """One row per known fix the candidate applies: predicted (on the base, by its replayer
+    ``rb`` where there is one) next to realized."""
     sb, sc, kb, kc = _settings(b), _settings(c), _kernel_signs(b), _kernel_signs(c)
     applied = []
     for fix in load_table():
@@ -173,7 +166,7 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float) -> list[dict]:
             on_schedule = (fix.get("transform") or {}).get("kind") == "pp_schedule"
             change = (on_schedule and _schedule_change(b, c)) or _change(hits[0][0], sb, sc)
             applied.append((fix, *hits[0], change))
-    replayed = _replayed(b, [(fix["id"], change) for fix, _, _, change in applied])
+    replayed = _replayed(rb, [(fix["id"], change) for fix, _, _, change in applied])
     rows = []
     for fix, cond, ratio, change in applied:
         realized = base_ms - candidate_ms / ratio

@@ -45,12 +45,13 @@ MAX_CLASSES = 6
 HOST, MEMORY, CALLS = "host", "memory", "(calls)"
 
 
-def split_step(b, c, measured_ms: float, applied: list[dict], table: dict) -> dict:
-    """The ``step.split`` section: parts, what is not explained, evidence, and ``missing``."""
+def split_step(b, c, measured_ms: float, applied: list[dict], table: dict, rb: Replayer | None = None) -> dict:
+    """The ``step.split`` section: parts, what is not explained, evidence, and ``missing``.
+    ``rb``: the base's replayer where the caller built one (``diff`` prices the fixes on it)."""
     missing = _cannot_split(b, c)
     if missing:
         return _empty(measured_ms, missing)
-    rb, rc = Replayer(b.extra.replay_inputs), Replayer(c.extra.replay_inputs)
+    rb, rc = rb or Replayer(b.extra.replay_inputs), Replayer(c.extra.replay_inputs)
     pairing = _pairing(rb.inp.ranks, rc.inp.ranks)
     weights, parts = _configuration(rb, applied, table)
     base_rows = _cost_rows(rb, weights, np.arange(len(rb.traces)))

@@ -193,13 +193,25 @@ def not_replayable(inp: ReplayInputs) -> str:
     return ""
 
 
-def price_requests(inp: ReplayInputs, requests: tuple[str, ...], table: dict) -> dict:
+def price_requests(r: Replayer | None, requests: tuple[str, ...], table: dict) -> dict:
     """{request: FixPrice} of fixes asked for as ``id[:key=value,...]`` (``_requested``), priced
-    as ``replay_job`` prices its chosen ones; absent: no transform, or nothing to replay."""
-    if not requests or not_replayable(inp):
+    on the job's replayer (``replayer_of``) as ``replay_job`` prices its chosen ones; absent: no
+    transform, or nothing to replay (no replayer)."""
+    if not requests or r is None:
         return {}
-    r = Replayer(inp)
     return _price(r, [_requested(i) for i in requests], table, r.untraced, r.untraced_out)
+
+
+def replayer_of(inp: ReplayInputs | None) -> Replayer | None:
+    """The job's replayer, or None where it has no replay inputs or cannot be replayed."""
+    return None if inp is None or not_replayable(inp) else Replayer(inp)
+
+
+def request_text(fix_id: str, change: dict) -> str:
+    """A fix asked for with the change a pair made, as ``_requested`` reads it back
+    ("host_bigger_launches:microbatch_factor=4")."""
+    return fix_id + (":" + ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                                    for k, v in change.items()) if change else "")
 
 
 def _graph_facts(r: Replayer, its: list[int]) -> dict:
