@@ -254,9 +254,12 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     undo = pitfalls.undoing_fixes(found)
     inp = _replay_inputs(job, gpus)
+    # every wall's fixes that apply: a pitfall's fix may enter the plan, and a wall's fixes join
+    # it once a step leaves that wall the largest
+    every_wall = fixes.select(list(classify.WALLS), facts, flags, out.numbers, step_ms=job.step_ms)
     replayed = replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, walls.verdict.wall,
-                                     price_fixes, quiet=undo,
-                                     plan_also=_applying(undo, facts, flags, out.numbers, job.step_ms))
+                                     price_fixes, quiet=undo, plan_also=tuple(f for f in every_wall if f["id"] in undo),
+                                     plan_walls={w: [f for f in every_wall if f["wall"] == w] for w in classify.WALLS})
     chosen = replay_run.priced(chosen, replayed.prices, job.step_ms)
     found = pitfalls.priced(found, {i: (p.best_ms, p.basis) for i, p in replayed.prices.items()}, job.step_ms)
     for pf in found:
@@ -275,15 +278,6 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
         kernels=table_records(kernel_table(gpus, [r.iterations for r in records], list(comm.kernels))),
         extra=NotInJson(numbers=out.numbers, replay_inputs=inp), replayed=ReplayReport(replayed.section, replayed.plan),
         **out.sections)
-
-
-def _applying(ids: tuple[str, ...], facts: dict, flags: dict, numbers: dict, step_ms: float) -> tuple:
-    """The fixes of ``ids`` that apply to the profile, whatever their wall: a fix that undoes a
-    pitfall the profile shows may enter the fix plan (recompute off where memory has room)."""
-    if not ids:
-        return ()
-    every_wall = fixes.select(list(classify.WALLS), facts, flags, numbers, step_ms=step_ms)
-    return tuple(f for f in every_wall if f["id"] in ids)
 
 
 def _replay_inputs(job: Job, gpus) -> replay_run.ReplayInputs:

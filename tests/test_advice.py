@@ -10,7 +10,7 @@ import pytest
 import profclass
 from profclass.fixes import predict_by_id
 from profclass.pitfalls import load_rules
-from profclass.replay.run import PLAN_MIN_GAIN_SHARE
+from profclass.replay.plan import PLAN_MIN_GAIN_SHARE
 from tests.conftest import GC2_WINDOW, GC_WINDOW, PROFILES, with_marks
 from tests.nsys_builder import NsysExportBuilder
 

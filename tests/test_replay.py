@@ -176,3 +176,35 @@ def test_the_expert_phase_is_the_ops_between_dispatch_and_combine():
     seg = np.array([-1, -1, 0, 0, 1, 1, 1])  # attention, gemm | dispatch, experts | combine, router, gemm
     groups = np.array(["", "", "EP", "", "EP", "", ""])
     assert collectives.expert_phase(T, seg, groups).tolist() == [False, False, True, True, True, False, False]
+
+
+@pytest.mark.parametrize("snap", DIAGNOSES, ids=lambda p: p.stem)
+def test_a_plan_step_comes_from_the_listed_fixes_a_pitfall_or_the_wall_a_step_exposed(snap):
+    """The plan classifies again: its pool is the listed fixes (verdict's and runner-up's), a
+    fix that undoes a pitfall the profile shows, and the fixes of each wall a step leaves the
+    largest (``replay.plan.fix_plan``). No other fix enters, and one of an exposed wall enters
+    only after the step that exposed it."""
+    from profclass.fixes import load_table
+    from profclass.pitfalls import load_rules
+
+    d = json.loads(snap.read_text())
+    wall_of = {f["id"]: f["wall"] for f in load_table()}
+    listed = {f["id"] for f in d["fixes"]}
+    by_rule = {r["id"]: r.get("priced_by") for r in load_rules()}
+    undoing = {by_rule.get(p["rule"]) for p in d["pitfalls"]}
+    exposed = set()
+    for step in d["plan"]:
+        assert step["id"] in listed | undoing or wall_of[step["id"]] in exposed, (step, exposed)
+        exposed.add(step["wall_after"])
+
+
+def test_the_wall_a_fix_exposes_brings_its_own_fixes_into_the_plan():
+    """comm_4gpu (communication-bound MoE, 4 GPUs): a faster fabric leaves the host the largest
+    wall, and the next step is a host fix (larger micro-batches), though host is neither the
+    verdict nor the runner-up; before the pool grew with the walls the plan went on with two
+    communication fixes worth 6.7 and 1.8 ms/step."""
+    d = json.loads((ROOT / "tests" / "snapshots" / "comm_4gpu.json").read_text())
+    plan = d["plan"]
+    assert plan[0]["id"] == "comm_nvlink_domain" and plan[0]["wall_after"] == "host"
+    assert "host" not in {f["wall"] for f in d["fixes"]}
+    assert plan[1]["id"] == "host_bigger_launches" and plan[1]["gain_ms"] > plan[0]["gain_ms"] / 2

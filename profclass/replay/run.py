@@ -11,16 +11,13 @@ import numpy as np
 
 from ..classify import WALLS
 from . import collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, transforms
+from .plan import fix_plan
 from .notes import disagreement, untraced_caveat
 from .trace import GpuTrace
 
-PLAN_STEPS = 4
 # a window whose times pass this (146 years of ns) is a damaged export: the replay adds times and
 # their differences in int64, which overflows near 2**63
 CLOCK_LIMIT_NS = 2 ** 62
-# a plan step must shorten the replayed step by this share of it: less is inside the replay's own
-# latency model and the run-to-run noise of a timer (5-10% of a step, docs/fixes.md)
-PLAN_MIN_GAIN_SHARE = 0.005
 
 
 @dataclass(frozen=True)
@@ -139,12 +136,14 @@ def _ends(g, times, own, n_gpus) -> np.ndarray:
 
 
 def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall: str,
-               also: tuple[str, ...] = (), quiet: tuple[str, ...] = (), plan_also: tuple = ()) -> ReplayResult:
+               also: tuple[str, ...] = (), quiet: tuple[str, ...] = (), plan_also: tuple = (),
+               plan_walls: dict | None = None) -> ReplayResult:
     """The ``replay`` section, each chosen fix's replayed gain and the fix plan; ``also``: fix
     ids priced too though not chosen (the gain-pair tables price the pair's fix), ``quiet``:
     likewise but kept out of the section (the fixes that price pitfalls); ``plan_also``: fixes
     (``fixes.select``'s rows) the plan may take beside the chosen ones, priced quietly (a fix of
-    another wall that undoes a pitfall the profile shows)."""
+    another wall that undoes a pitfall the profile shows); ``plan_walls``: each wall's fixes that
+    apply, which the plan takes up when a step leaves that wall the largest (``plan.fix_plan``)."""
     measured = float(np.mean(inp.step_ns)) / 1e6 if inp.step_ns else 0.0
     why_not = not_replayable(inp)
     if why_not:
@@ -172,7 +171,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     pool = chosen + [f for f in plan_also if f["id"] not in {c["id"] for c in chosen}]
     asked = dict.fromkeys(i for i in (*also, *quiet) if i not in {f["id"] for f in pool})
     prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced)
-    plan = _plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured)
+    plan = fix_plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured, plan_walls)
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
         # traced run would show (the captured step, profiler kept), for pairs judged on traced windows
         traced = _price(r, [_requested(i) for i in also], table, r.captured, r.base, traced=True)
@@ -302,120 +301,6 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
 
 def _describe(spec: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("kind", "basis"))
-
-
-def _plan(r: Replayer, chosen, table, prices, start, step, measured) -> list[dict]:
-    """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from
-    ``start``: (weights, replayed step ms) of the step without the profiler. Each step takes
-    the larger of the best graph fix (replayed on the graph's steps before it; on a pipelined job
-    its saving priced on the schedule, ``pipelined``) and the best
-    schedule change (a PP fix, or a larger micro-batch on a pipeline: a step delta, simulated on
-    top of the schedule changes before it, so two that shrink the same bubble do not both claim
-    it). The simulation does not see the graph's fixes, nor the graph the schedule's: their
-    gains are taken to add, each schedule delta capped at the step that is left; a schedule
-    step's wall after is the graph's (the change is not replayed on it)."""
-    graph_left = [f for f in chosen if f["id"] in prices and prices[f["id"]].best_ms > 0
-                  and not _reschedules(r, table[f["id"]]["transform"])]
-    sched_left = [f for f in chosen if f["id"] in prices and _reschedules(r, table[f["id"]].get("transform", {}))]
-    weights, now = start
-    applied, wall, plan = [], None, []
-    weights_out, rescheduled = r.untraced_out, {}  # the graph's current outcome; larger micro-batch gains on it
-    g, graph_moved = None, True  # the best graph trial holds until a graph step moves the weights
-    while (graph_left or sched_left) and len(plan) < PLAN_STEPS:
-        if graph_moved:
-            g, graph_moved = _best_graph_trial(r, graph_left, table, weights, weights_out), False
-        s = _best_schedule_trial(r, sched_left, table, applied, weights, weights_out, rescheduled)
-        gain_g = min(g[0], now) if g else float("-inf")
-        gain_s = min(s[0], now) if s else float("-inf")
-        if max(gain_g, gain_s) < PLAN_MIN_GAIN_SHARE * step:
-            break
-        if gain_g >= gain_s:
-            _, f, weights, weights_out = g
-            rescheduled, graph_moved = {}, True  # a larger micro-batch's saving is replayed again
-            wall = _largest_wall(r.critical_path_ms(weights_out, weights))
-            now -= gain_g
-            plan.append(dict(id=f["id"], gain_ms=round(gain_g, 2), step_ms_after=round(now - step + measured, 2),
-                             wall_after=wall))
-            graph_left = [x for x in graph_left if x is not f]
-            continue
-        _, f, spec = s
-        if wall is None:  # no graph step before: the wall after is the captured step's
-            wall = _largest_wall(r.critical_path_ms(r.base, r.captured))
-        now -= gain_s
-        applied.append(spec)
-        plan.append(dict(id=f["id"], gain_ms=round(gain_s, 2), step_ms_after=round(now - step + measured, 2),
-                         wall_after=wall, applied_as=(
-                             "step delta: the pipeline schedule simulated with this change on top of the plan's "
-                             "schedule changes before it, added to the graph's steps" if spec["kind"] == pipeline_schedule.KIND
-                             else "step delta: its host saving replayed on top of the graph's steps before it, priced "
-                                  "by the pipeline schedule simulated with fewer, larger micro-batches")))
-        # more micro-batches and fewer, larger ones are opposite changes: one of them is taken
-        sched_left = [x for x in sched_left if x is not f and not _opposite(table[x["id"]]["transform"], spec)]
-    return plan
-
-
-def _largest_wall(cp: dict) -> str:
-    """The wall with the most time on a critical path (ties: WALLS' order)."""
-    return max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
-
-
-def _best_graph_trial(r: Replayer, left: list, table: dict, weights, weights_out: scenario.Outcome):
-    """The graph fix that shortens the step most from ``weights`` (replayed as ``weights_out``):
-    (gain ms, fix, weights after, outcome), or None. On a pipelined job the gain is the
-    schedule's (``pipelined``), as the fix was priced."""
-    trial = []
-    for f in left:
-        spec = table[f["id"]]["transform"]
-        w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
-        if w is not None:
-            out = r.replay(w)
-            gain = (pipelined.gain_ms(r, r.untraced_stages, r.untraced_out, weights_out, out)
-                    if pipelined.takes(r, spec) else r.step_ms(weights_out) - r.step_ms(out))
-            trial.append((gain, f, w, out))
-    return max(trial, key=lambda x: x[0]) if trial else None
-
-
-def _best_schedule_trial(r: Replayer, left: list, table: dict, applied: list, weights, weights_out, memo: dict):
-    """The schedule change that shortens the simulated step most on top of ``applied``: (gain
-    ms, fix, its transform), or None. A larger micro-batch (fewer of them): its host saving
-    replayed on ``weights`` (the graph's steps so far), priced by the schedule at m / k; the
-    changes after it are simulated on its m / k micro-batches (without its saving, which the
-    simulation's inputs do not hold). ``memo``: those gains on the current ``weights`` by fix id
-    (they do not depend on the schedule changes applied)."""
-    if not left:
-        return None
-    before = pipeline_schedule.combined_ms(applied, r.untraced_stages)
-    trial = []
-    for f in left:
-        spec = table[f["id"]]["transform"]
-        after = pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages)
-        if after is None:
-            continue
-        if spec["kind"] == pipeline_schedule.KIND:
-            trial.append((before - after, f, spec))
-        else:
-            if f["id"] not in memo:
-                memo[f["id"]] = pipelined.bigger_microbatch_on(r, spec, weights, weights_out)
-            if memo[f["id"]] is not None:
-                trial.append((memo[f["id"]], f, spec))
-    return max(trial, key=lambda t: t[0]) if trial else None
-
-
-def _opposite(a: dict, b: dict) -> bool:
-    return (_more_microbatches(a) and _fewer_microbatches(b)) or (_fewer_microbatches(a) and _more_microbatches(b))
-
-
-def _reschedules(r: Replayer, spec: dict) -> bool:
-    """A schedule change: a PP fix, or a larger micro-batch on a pipelined job (fewer micro-batches)."""
-    return spec.get("kind") == pipeline_schedule.KIND or (_fewer_microbatches(spec) and r.stages is not None)
-
-
-def _more_microbatches(spec: dict) -> bool:
-    return spec.get("kind") == pipeline_schedule.KIND and int(spec.get("microbatches", 1)) > 1
-
-
-def _fewer_microbatches(spec: dict) -> bool:
-    return spec.get("kind") == "fewer_launches"
 
 
 def _missing(r: Replayer) -> list[str]:

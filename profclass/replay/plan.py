@@ -1,0 +1,158 @@
+"""The fix plan (issue 30): apply the best fix, replay, classify again, repeat. Takes the job's
+replayer (``r``: a ``replay.run.Replayer``, which imports this module, so it is not named in the
+annotations) with each fix's price; gives ``plan[]`` rows (id, gain, step after, wall after)."""
+from __future__ import annotations
+
+from ..classify import WALLS
+from . import pipeline_schedule, pipelined, scenario, transforms
+
+PLAN_STEPS = 4
+# a plan step must shorten the replayed step by this share of it: less is inside the replay's own
+# latency model and the run-to-run noise of a timer (5-10% of a step, docs/fixes.md)
+PLAN_MIN_GAIN_SHARE = 0.005
+
+
+def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None = None) -> list[dict]:
+    """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from
+    ``start``: (weights, replayed step ms) of the step without the profiler. Each step takes
+    the larger of the best graph fix (replayed on the graph's steps before it; on a pipelined job
+    its saving priced on the schedule, ``pipelined``) and the best
+    schedule change (a PP fix, or a larger micro-batch on a pipeline: a step delta, simulated on
+    top of the schedule changes before it, so two that shrink the same bubble do not both claim
+    it). The simulation does not see the graph's fixes, nor the graph the schedule's: their
+    gains are taken to add, each schedule delta capped at the step that is left; a schedule
+    step's wall after is the graph's (the change is not replayed on it).
+
+    The pool starts as ``chosen`` (the verdict's and runner-up's fixes, and a pitfall's that
+    applies) and grows as the walls move: where a step leaves a wall the largest whose fixes are
+    not in it, that wall's applicable fixes (``walls``: wall -> ``fixes.select`` rows) join it,
+    so the fix after "then the X wall" can be an X fix (the plan classifies again)."""
+    pool = _Pool(r, table, walls or {})
+    pool.add([f for f in chosen if f["id"] in prices and (prices[f["id"]].best_ms > 0 or _reschedules(r, table[f["id"]]["transform"]))])
+    pool.covered |= {f["wall"] for f in chosen if f.get("wall")}
+    weights, now = start
+    applied, wall, plan = [], None, []
+    weights_out, rescheduled = r.untraced_out, {}  # the graph's current outcome; larger micro-batch gains on it
+    g, graph_moved = None, True  # the best graph trial holds until a graph step (or the pool) moves
+    while (pool.graph or pool.sched) and len(plan) < PLAN_STEPS:
+        if graph_moved:
+            g, graph_moved = _best_graph_trial(r, pool.graph, table, weights, weights_out), False
+        s = _best_schedule_trial(r, pool.sched, table, applied, weights, weights_out, rescheduled)
+        gain_g = min(g[0], now) if g else float("-inf")
+        gain_s = min(s[0], now) if s else float("-inf")
+        if max(gain_g, gain_s) < PLAN_MIN_GAIN_SHARE * step:
+            break
+        if gain_g >= gain_s:
+            _, f, weights, weights_out = g
+            rescheduled, graph_moved = {}, True  # a larger micro-batch's saving is replayed again
+            wall = _largest_wall(r.critical_path_ms(weights_out, weights))
+            now -= gain_g
+            plan.append(dict(id=f["id"], gain_ms=round(gain_g, 2), step_ms_after=round(now - step + measured, 2),
+                             wall_after=wall))
+            pool.graph = [x for x in pool.graph if x is not f]
+        else:
+            _, f, spec = s
+            if wall is None:  # no graph step before: the wall after is the captured step's
+                wall = _largest_wall(r.critical_path_ms(r.base, r.captured))
+            now -= gain_s
+            applied.append(spec)
+            plan.append(dict(id=f["id"], gain_ms=round(gain_s, 2), step_ms_after=round(now - step + measured, 2),
+                             wall_after=wall, applied_as=(
+                                 "step delta: the pipeline schedule simulated with this change on top of the plan's "
+                                 "schedule changes before it, added to the graph's steps" if spec["kind"] == pipeline_schedule.KIND
+                                 else "step delta: its host saving replayed on top of the graph's steps before it, priced "
+                                      "by the pipeline schedule simulated with fewer, larger micro-batches")))
+            pool.sched = [x for x in pool.sched if x is not f]
+        graph_moved |= pool.take_wall(wall)
+        # more micro-batches and fewer, larger ones are opposite changes: one of them is taken
+        pool.sched = [x for x in pool.sched if not any(_opposite(table[x["id"]]["transform"], a) for a in applied)]
+    return plan
+
+
+class _Pool:
+    """The plan's fixes not taken yet: graph fixes and schedule changes, and the walls whose
+    fixes are in (``covered``)."""
+
+    def __init__(self, r, table: dict, walls: dict):
+        self.r, self.table, self.walls = r, table, walls
+        self.graph, self.sched, self.seen, self.covered = [], [], set(), set()
+
+    def add(self, rows) -> bool:
+        """Add fixes with a transform not seen before; whether a graph fix came in."""
+        new = [f for f in rows if f["id"] not in self.seen and (self.table.get(f["id"]) or {}).get("transform")]
+        self.seen |= {f["id"] for f in new}
+        moved = [f for f in new if not _reschedules(self.r, self.table[f["id"]]["transform"])]
+        self.graph += moved
+        self.sched += [f for f in new if f not in moved]
+        return bool(moved)
+
+    def take_wall(self, wall: str | None) -> bool:
+        """The fixes of ``wall`` join once it is the largest; whether a graph fix came in."""
+        if wall is None or wall in self.covered:
+            return False
+        self.covered.add(wall)
+        return self.add(self.walls.get(wall, ()))
+
+
+def _largest_wall(cp: dict) -> str:
+    """The wall with the most time on a critical path (ties: WALLS' order)."""
+    return max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
+
+
+def _best_graph_trial(r, left: list, table: dict, weights, weights_out: scenario.Outcome):
+    """The graph fix that shortens the step most from ``weights`` (replayed as ``weights_out``):
+    (gain ms, fix, weights after, outcome), or None. On a pipelined job the gain is the
+    schedule's (``pipelined``), as the fix was priced."""
+    trial = []
+    for f in left:
+        spec = table[f["id"]]["transform"]
+        w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
+        if w is not None:
+            out = r.replay(w)
+            gain = (pipelined.gain_ms(r, r.untraced_stages, r.untraced_out, weights_out, out)
+                    if pipelined.takes(r, spec) else r.step_ms(weights_out) - r.step_ms(out))
+            trial.append((gain, f, w, out))
+    return max(trial, key=lambda x: x[0]) if trial else None
+
+
+def _best_schedule_trial(r, left: list, table: dict, applied: list, weights, weights_out, memo: dict):
+    """The schedule change that shortens the simulated step most on top of ``applied``: (gain
+    ms, fix, its transform), or None. A larger micro-batch (fewer of them): its host saving
+    replayed on ``weights`` (the graph's steps so far), priced by the schedule at m / k; the
+    changes after it are simulated on its m / k micro-batches (without its saving, which the
+    simulation's inputs do not hold). ``memo``: those gains on the current ``weights`` by fix id
+    (they do not depend on the schedule changes applied)."""
+    if not left:
+        return None
+    before = pipeline_schedule.combined_ms(applied, r.untraced_stages)
+    trial = []
+    for f in left:
+        spec = table[f["id"]]["transform"]
+        after = pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages)
+        if after is None:
+            continue
+        if spec["kind"] == pipeline_schedule.KIND:
+            trial.append((before - after, f, spec))
+        else:
+            if f["id"] not in memo:
+                memo[f["id"]] = pipelined.bigger_microbatch_on(r, spec, weights, weights_out)
+            if memo[f["id"]] is not None:
+                trial.append((memo[f["id"]], f, spec))
+    return max(trial, key=lambda t: t[0]) if trial else None
+
+
+def _opposite(a: dict, b: dict) -> bool:
+    return (_more_microbatches(a) and _fewer_microbatches(b)) or (_fewer_microbatches(a) and _more_microbatches(b))
+
+
+def _reschedules(r, spec: dict) -> bool:
+    """A schedule change: a PP fix, or a larger micro-batch on a pipelined job (fewer micro-batches)."""
+    return spec.get("kind") == pipeline_schedule.KIND or (_fewer_microbatches(spec) and r.stages is not None)
+
+
+def _more_microbatches(spec: dict) -> bool:
+    return spec.get("kind") == pipeline_schedule.KIND and int(spec.get("microbatches", 1)) > 1
+
+
+def _fewer_microbatches(spec: dict) -> bool:
+    return spec.get("kind") == "fewer_launches"
