@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pandas as pd
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
@@ -40,17 +41,27 @@ def host_pauses(gaps: np.ndarray, iterations: int) -> np.ndarray:
 
 def _pause_ns(gpu: GpuTimeline, lo: int, hi: int) -> int:
     """Pauses (``host_pauses``) of the threads that launched the window's ops: the most any of
-    them shows (a collection holds the interpreter; a thread waiting in a CUDA call hides it)."""
+    them shows (a collection holds the interpreter; a thread waiting in a CUDA call hides it).
+
+    Column arrays, one thread's rows at a time, in (start, table order) as a stable sort by
+    (tid, start) gives them: no copy of the window's API call rows (on a 4 GB export's process,
+    ~4M calls, two such copies were ~400 MiB at its peak RSS; bench/RESULTS.md)."""
     rt = gpu.runtime
     if rt.empty or len(gpu.steady) < 3:
         return 0
-    start = rt["start"].to_numpy(np.int64)
-    w = rt[(start >= lo) & (start < hi)].sort_values(["tid", "start"], kind="stable")
-    launching = np.unique(w["tid"].to_numpy()[w["correlation"].isin(gpu.ops["correlation"]).to_numpy(bool)])
+    start, tid = rt["start"].to_numpy(np.int64), rt["tid"].to_numpy()
+    keep = (start >= lo) & (start < hi)
+    launched = pd.Series(rt["correlation"].to_numpy()[keep]).isin(gpu.ops["correlation"]).to_numpy(bool)
+    launching = np.unique(tid[keep][launched])
+    del launched
+    end = rt["end"].to_numpy(np.int64)
     most = 0
-    for tid in launching:
-        mine = w[w["tid"].to_numpy() == tid]
-        s, e = mine["start"].to_numpy(np.int64), mine["end"].to_numpy(np.int64)
+    for t in launching:
+        mine = keep & (tid == t)
+        s, e = start[mine], end[mine]
+        if len(s) > 1 and not bool((s[1:] >= s[:-1]).all()):  # (the runtime table is sorted as a rule)
+            by_start = np.argsort(s, kind="stable")
+            s, e = s[by_start], e[by_start]
         gaps = np.clip(s[1:] - np.maximum.accumulate(e)[:-1], 0, None)
         most = max(most, int(host_pauses(gaps, len(gpu.steady)).sum()))
     return most
