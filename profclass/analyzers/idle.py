@@ -52,11 +52,13 @@ INPUT_MIN_SHARE = 0.01
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> IdleResult:
     compute_or_comm, copies = sets.compute_or_comm, sets.copies
-    busy = iv.union(np.r_[compute_or_comm[0], copies[0]], np.r_[compute_or_comm[1], copies[1]])
+    busy = iv.union_sets(compute_or_comm, copies)
     gaps = iv.complement(busy, sets.lo, sets.hi)
+    del busy  # (the window's gaps and the busy set are millions of intervals at 4 GB: one at a time)
     length = gaps[1] - gaps[0]
     r = IdleResult(idle_ns=iv.total(gaps), gaps=int(gaps[0].size),
                    idle_stall_ns=int(length[length >= STALL_GAP_NS].sum()))
+    del length
     off, inp = copy_roles(sets.copy_ops)
     r.input_bytes = int(inp["bytes"].sum())
     r.input_pageable_bytes = int(inp.loc[~inp["pinned"].astype(bool), "bytes"].sum())
@@ -132,6 +134,7 @@ def _split(r: IdleResult, gpu: GpuTimeline, gaps: iv.IntervalSet, off: pd.DataFr
     alloc_end = np.sort(alloc["end"].to_numpy())
     overlap = iv.measure_within(alloc_calls, a, b) if alloc_calls[0].size else np.zeros(a.size, np.int64)
     alloc_bound = (overlap > 0) | _ended_within(alloc_end, a - SYNC_SLACK_NS, b)
+    del overlap  # (one int64 per gap: 24 MiB at 4 GB, as each of j and launch below)
     # offload-bound: the gap opens right after an offload copy finished (the host waited
     # for it, then refilled the queue)
     offload_bound = _ended_within(np.sort(off["end"].to_numpy()), a - SYNC_SLACK_NS, a) & ~alloc_bound
@@ -149,6 +152,7 @@ def _split(r: IdleResult, gpu: GpuTimeline, gaps: iv.IntervalSet, off: pd.DataFr
     j = np.minimum(np.searchsorted(starts, b, side="left"), len(starts) - 1)
     launch = ops["launch_start"].to_numpy()[j]
     late = (launch >= 0) & (launch > a) & ~taken
+    del j, launch
     length = b - a
     r.idle_alloc_ns = int(length[alloc_bound].sum())
     r.idle_offload_ns = int(length[offload_bound].sum())

@@ -87,7 +87,7 @@ def _measure_recompute(r: MemoryResult, gpu: GpuTimeline, sets: WindowSets) -> i
         r.recompute_measured_ns = r.recompute_ns = iv.total(recomputed)
         r.recompute_compute_ns = iv.total(iv.intersect(recomputed, sets.compute))
         r.recompute_comm_ns = iv.total(iv.intersect(iv.subtract(recomputed, sets.compute), sets.comm))
-        busy = iv.union(np.r_[sets.compute_or_comm[0], sets.copies[0]], np.r_[sets.compute_or_comm[1], sets.copies[1]])
+        busy = iv.union_sets(sets.compute_or_comm, sets.copies)
         r.recompute_idle_ns = iv.total(iv.subtract(recomputed, busy))
         return spans
     return iv.EMPTY

@@ -61,7 +61,7 @@ def window_sets(gpu: GpuTimeline) -> WindowSets:
     compute, comm_set = clipped_set(comp, lo, hi), clipped_set(comm, lo, hi)
     return WindowSets(lo=lo, hi=hi, kernels=kern, compute_ops=comp, comm_ops=comm, copy_ops=copies,
                       compute=compute, comm=comm_set, copies=clipped_set(copies, lo, hi),
-                      compute_or_comm=iv.union(np.r_[compute[0], comm_set[0]], np.r_[compute[1], comm_set[1]]))
+                      compute_or_comm=iv.union_sets(compute, comm_set))
 
 
 def _per_distinct(values: pd.Series, test) -> np.ndarray:
