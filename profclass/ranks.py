@@ -41,6 +41,9 @@ from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, in_forward, iter_gpu
 API_CALLS_USED = re.compile("|".join(f"(?:{p.pattern})" for p in (LAUNCH_CALLS, ALLOC_CALLS, SYNC_CALLS)))
 # the columns of all ops that the job-level configuration reads (distinct rows suffice)
 CONFIG_COLUMNS = ["is_comm", "library", "collective", "is_fp8"]
+# the columns of the CUDA event rows that replay.trace._event_edges reads (not their times
+# or device: a 4 GB export's process holds 2M such rows)
+SYNC_EDGE_COLUMNS = ["kind", "pid", "stream", "event", "correlation"]
 # processes of one export analysed at once where the loader read them all in one pass
 ANALYSIS_THREADS = 2
 # name, grid and block: NCCL's kernel (protocol, type) and channel count, its size class
@@ -143,6 +146,8 @@ def summarise_profile(prof, source: int, iteration_regex: str | None,
                     else prof.kernels[["device"]].drop_duplicates())
     # (copies of no rows: a slice of no rows would keep the whole table's arrays alive)
     prof.memcpy = prof.memset = prof.memcpy.iloc[:0].copy()
+    if prof.sync_events is not None:  # only the columns the replay's event edges read are held
+        prof.sync_events = prof.sync_events[[c for c in SYNC_EDGE_COLUMNS if c in prof.sync_events]]
     own = {}  # (pid, device) -> (iterations, source, marker, periods, step_info): one GPU at a time
     reuse = {}  # a one-GPU pass: its sorted API calls and NVTX ranges, for the second loop
     for g in iter_gpus(prof, source, ops, reuse):

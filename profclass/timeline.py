@@ -319,7 +319,8 @@ def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame, reuse: dict | No
     pid, dev = ops["pid"].to_numpy(np.int64), ops["device"].to_numpy(np.int64)
     if len(pid) and pid.min() == pid.max() and dev.min() == dev.max():
         # one GPU (a per-process pass, as usual): every row is that GPU's, in order already
-        keys, order, bounds = [(int(pid[0]), int(dev[0]))], np.arange(len(pid)), np.array([0, len(pid)])
+        # (no index array of every row: one held through both loops was 30 MiB at 4 GB)
+        keys, order, bounds = [(int(pid[0]), int(dev[0]))], None, np.array([0, len(pid)])
     else:
         if len(pid) and pid.min() >= 0 and pid.max() < 2**40 and dev.min() >= 0 and dev.max() < 2**16:
             codes, uniq = pd.factorize((pid << 16) | dev, sort=True)
@@ -331,7 +332,7 @@ def iter_gpus(prof: RawProfile, source: int, ops: pd.DataFrame, reuse: dict | No
     is_kernel = (ops["op"] == "kernel").to_numpy()
     rest = ops.drop(columns=["pid", "device"])
     for j, (pid, device) in enumerate(keys):
-        rows = order[bounds[j]:bounds[j + 1]]
+        rows = slice(bounds[j], bounds[j + 1]) if order is None else order[bounds[j]:bounds[j + 1]]
         if not is_kernel[rows].any():
             continue  # a process that only copied to this device (e.g. a peer) is not a rank
         # one GPU in the table (a per-process pass): its rows are all rows, in order already

@@ -84,7 +84,7 @@ def nccl_alltoall_peers(nvtx) -> int | None:
     n = nvtx.loc[nvtx["text"].isin(NCCL_NVTX), ["tid", "start", "text"]].sort_values(["tid", "start"], kind="stable")
     if n.empty:
         return None
-    text, tid = n["text"].to_numpy().astype(str), n["tid"].to_numpy()
+    text, tid = n["text"].astype("category").array, n["tid"].to_numpy()  # (codes: no copy of each text)
     delta = (text == "ncclGroupStart").astype(np.int64) - (text == "ncclGroupEnd")
     new_tid = np.r_[True, tid[1:] != tid[:-1]]
     # depth after each event, per thread (the cumulative sum restarted at each thread's first)
