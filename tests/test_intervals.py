@@ -104,3 +104,21 @@ def test_large_values_stay_exact():
     assert iv.total(iv.intersect(a, b)) == 2  # [base+1, base+2) and [base+3, base+4)
     assert iv.total(iv.subtract(a, b)) == 4
     assert iv.measure_within(a, np.array([base]), np.array([base + 7])).tolist() == [6]
+
+
+def test_union_sets_equals_the_union_of_the_concatenation():
+    """``union_sets`` (the idle and memory analyzers' merge of two sets, without an argsort)
+    gives the very arrays ``union`` gives on the two sets' concatenation: sorted sets with tied
+    starts and touching ends, an empty side, and unsorted input (which falls back to ``union``)."""
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        sets = []
+        for n in rng.integers(0, 40, size=2):
+            s = np.sort(rng.integers(0, 200, size=n))
+            sets.append((s.astype(np.int64), (s + rng.integers(0, 30, size=n)).astype(np.int64)))
+        if rng.random() < 0.1:  # unsorted starts: the fallback
+            sets[1] = (sets[1][0][::-1].copy(), sets[1][1][::-1].copy())
+        (a_s, a_e), (b_s, b_e) = sets
+        want = iv.union(np.r_[a_s, b_s], np.r_[a_e, b_e])
+        got = iv.union_sets(sets[0], sets[1])
+        assert all(np.array_equal(g, w) and g.dtype == w.dtype for g, w in zip(got, want)), (sets, got, want)
