@@ -273,3 +273,19 @@ def test_a_recognised_change_leads_and_is_charged_to_its_wall(diagnosis):
     assert r.verdict["summary"].startswith("Improvement from a recognised change: Turn activation recompute off")
     assert f"saved {fg['realized_gain_ms']:.1f} ms/step" in r.verdict["summary"]
     assert "Measured: step" in r.verdict["summary"]
+
+
+def test_the_applied_fix_is_priced_as_diagnose_prices_it_with_and_without_the_profiler():
+    """``fix_gains[]`` of a pair whose change has a replay transform (recompute off): the
+    untraced price is what ``diagnose(base, price_fixes=...)`` lists, and the price with the
+    profiler kept is diagnose's traced one (the gain-pair tables' two columns), each from its own
+    code path (diff's shared replayer; diagnose's replay stage)."""
+    base, cand = profile_path("mcore_rc_full_ample"), profile_path("mcore_rc_none_ample")
+    r = diff(str(base), str(cand))
+    (fg,) = [f for f in r.fix_gains if f["fix"] == "recompute_off"]
+    asked = profclass.diagnose(str(base), price_fixes=("recompute_off",)).replay["requested"]["recompute_off"]
+    assert fg["predicted_gain_ms"] == pytest.approx(asked["best_ms"], abs=0.011)
+    assert fg["predicted_gain_traced_ms"] == pytest.approx(asked["traced"]["best_ms"], abs=0.011)
+    # tracing slows the host, so the launches the recomputed forward drops are worth more traced
+    assert fg["predicted_gain_traced_ms"] > fg["predicted_gain_ms"]
+    assert f"{fg['predicted_gain_traced_ms']:.1f} with the profiler kept" in render_text(r)

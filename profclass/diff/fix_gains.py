@@ -132,12 +132,13 @@ def _schedule_change(b, c) -> dict:
     return out
 
 
-def _replayed(rb, wanted: list[tuple[str, dict]]) -> dict:
+def _replayed(rb, wanted: list[tuple[str, dict]], traced: bool = False) -> dict:
     """The replay's price of each (fix, change) on the base, by request: the fixes priced as
-    ``diagnose`` prices its own (without the profiler), on the base's replayer ``rb`` (None: the
-    base was not diagnosed here with its replay inputs, or cannot be replayed); {} without one."""
+    ``diagnose`` prices its own (without the profiler; ``traced``: on the captured step, the
+    profiler kept), on the base's replayer ``rb`` (None: the base was not diagnosed here with its
+    replay inputs, or cannot be replayed); {} without one."""
     return price_requests(rb, tuple(dict.fromkeys(request_text(i, ch) for i, ch in wanted)),
-                          {f["id"]: f for f in load_table()})
+                          {f["id"]: f for f in load_table()}, traced)
 
 
 def _predicted(fix_id: str, b, change: dict, replayed: dict) -> dict:
@@ -166,14 +167,18 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
             on_schedule = (fix.get("transform") or {}).get("kind") == "pp_schedule"
             change = (on_schedule and _schedule_change(b, c)) or _change(hits[0][0], sb, sc)
             applied.append((fix, *hits[0], change))
-    replayed = _replayed(rb, [(fix["id"], change) for fix, _, _, change in applied])
+    wanted = [(fix["id"], change) for fix, _, _, change in applied]
+    # the price the job banks (untraced), and the one two traced captures can show
+    replayed, traced = _replayed(rb, wanted), _replayed(rb, wanted, traced=True)
     rows = []
     for fix, cond, ratio, change in applied:
         realized = base_ms - candidate_ms / ratio
         p = _predicted(fix["id"], b, change, replayed)
         est, lo, hi = p.get("expected_gain_ms"), p.get("gain_low_ms"), p.get("gain_high_ms")
+        kept = traced.get(request_text(fix["id"], change))
         rows.append(dict(fix=fix["id"], title=fix["title"], detected_by=cond,
                          predicted_gain_ms=est, gain_low_ms=lo, gain_high_ms=hi, gain_basis=p.get("gain_basis"),
+                         predicted_gain_traced_ms=None if kept is None else kept.best_ms,
                          realized_gain_ms=round(realized, 3),
                          realized_per="base work" if ratio != 1.0 else "step",
                          within_range=None if lo is None or hi is None else bool(lo <= realized <= hi)))
@@ -188,5 +193,8 @@ def fix_gain_lines(rows: list[dict]) -> list[str]:
                 f"predicted {r['predicted_gain_ms']:.1f} ms/step [{r['gain_low_ms']:.1f}, {r['gain_high_ms']:.1f}]")
         where = "" if r["within_range"] is None else (" (inside the range)" if r["within_range"] else " (outside the range)")
         per = " per the base's work" if r["realized_per"] == "base work" else ""
-        out.append(f"{r['title']} ({r['detected_by']}): {pred}; realized {r['realized_gain_ms']:.1f} ms/step{per}{where}")
+        kept = r.get("predicted_gain_traced_ms")
+        kept = "" if kept is None else f" ({kept:.1f} with the profiler kept, as these captures ran)"
+        out.append(f"{r['title']} ({r['detected_by']}): {pred}{kept}; realized {r['realized_gain_ms']:.1f} ms/step"
+                   f"{per}{where}")
     return out

@@ -192,12 +192,15 @@ def not_replayable(inp: ReplayInputs) -> str:
     return ""
 
 
-def price_requests(r: Replayer | None, requests: tuple[str, ...], table: dict) -> dict:
+def price_requests(r: Replayer | None, requests: tuple[str, ...], table: dict, traced: bool = False) -> dict:
     """{request: FixPrice} of fixes asked for as ``id[:key=value,...]`` (``_requested``), priced
-    on the job's replayer (``replayer_of``) as ``replay_job`` prices its chosen ones; absent: no
+    on the job's replayer (``replayer_of``) as ``replay_job`` prices its chosen ones (``traced``:
+    on the captured step, the profiler kept, as the gain-pair tables' traced column); absent: no
     transform, or nothing to replay (no replayer)."""
     if not requests or r is None:
         return {}
+    if traced:
+        return _price(r, [_requested(i) for i in requests], table, r.captured, r.base, traced=True)
     return _price(r, [_requested(i) for i in requests], table, r.untraced, r.untraced_out)
 
 
