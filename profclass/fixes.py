@@ -95,9 +95,9 @@ def rank_key(f: dict) -> tuple:
 def select(walls: list[str], ctx: dict, flags: dict, numbers: dict, step_ms: float) -> list[dict]:
     """Fixes for ``walls`` (verdict, runner-up) that apply and are not on yet, each with its
     predicted gain (``predict``), ranked by ``rank_key``."""
-    out = []
+    out, table = [], load_table()  # parsed once: select runs over every wall (the plan's pool)
     for rank, wall in enumerate(walls):
-        for order, fix in enumerate(load_table()):
+        for order, fix in enumerate(table):
             if fix["wall"] != wall or not _applies(fix, ctx, flags):
                 continue
             out.append({"id": fix["id"], "wall": wall, "title": fix["title"], "flags": _flags(fix, ctx), "why": fix["why"],

@@ -174,7 +174,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     plan = fix_plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured, plan_walls)
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
         # traced run would show (the captured step, profiler kept), for pairs judged on traced windows
-        traced = _price(r, [_requested(i) for i in also], table, r.captured, r.base, traced=True)
+        traced = price_requests(r, also, table, traced=True)
         section["requested"] = {i: {**vars(p), "traced": vars(traced[i]) if i in traced else None}
                                 for i, p in prices.items() if i in also}
     missing = _missing(r)
