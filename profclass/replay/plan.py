@@ -12,7 +12,8 @@ PLAN_STEPS = 4
 PLAN_MIN_GAIN_SHARE = 0.005
 
 
-def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None = None) -> list[dict]:
+def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None = None,
+             covered: frozenset = frozenset()) -> list[dict]:
     """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from
     ``start``: (weights, replayed step ms) of the step without the profiler. Each step takes
     the larger of the best graph fix (replayed on the graph's steps before it; on a pipelined job
@@ -26,10 +27,12 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     The pool starts as ``chosen`` (the verdict's and runner-up's fixes, and a pitfall's that
     applies) and grows as the walls move: where a step leaves a wall the largest whose fixes are
     not in it, that wall's applicable fixes (``walls``: wall -> ``fixes.select`` rows) join it,
-    so the fix after "then the X wall" can be an X fix (the plan classifies again)."""
+    so the fix after "then the X wall" can be an X fix (the plan classifies again). ``covered``:
+    the walls whose fixes ``chosen`` already holds (the verdict's and runner-up's; a pitfall's
+    fix alone does not cover its wall)."""
     pool = _Pool(r, table, walls or {})
     pool.add([f for f in chosen if f["id"] in prices and (prices[f["id"]].best_ms > 0 or _reschedules(r, table[f["id"]]["transform"]))])
-    pool.covered |= {f["wall"] for f in chosen if f.get("wall")}
+    pool.covered |= set(covered)
     weights, now = start
     applied, wall, plan = [], None, []
     weights_out, rescheduled = r.untraced_out, {}  # the graph's current outcome; larger micro-batch gains on it

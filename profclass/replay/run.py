@@ -171,7 +171,8 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     pool = chosen + [f for f in plan_also if f["id"] not in {c["id"] for c in chosen}]
     asked = dict.fromkeys(i for i in (*also, *quiet) if i not in {f["id"] for f in pool})
     prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced)
-    plan = fix_plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured, plan_walls)
+    plan = fix_plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured, plan_walls,
+                    frozenset(f["wall"] for f in chosen if f.get("wall")))
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
         # traced run would show (the captured step, profiler kept), for pairs judged on traced windows
         traced = price_requests(r, also, table, traced=True)
