@@ -28,7 +28,7 @@ LATENCY_CAPS = {"launch": 50_000, "stream": 10_000, "event": 10_000, "wake": 50_
 THREAD_WAIT_NS = 200_000
 # What CUDA tracing (CUPTI's callbacks and activity records under nsys 2024.2.3 -t cuda) adds
 # to each traced API call on the host, ns (low, best, high): measured on an H100 host by
-# fixtures/workloads/cupti_cost.py (fixtures/timers/cupti_cost_h100.jsonl: two traced and two
+# fixtures/workloads/cupti_cost.py (fixtures/timers/cupti_cost_h100.jsonl, packed in fixtures/timers.tar.xz: two traced and two
 # untraced runs, each the median of 7 rounds of 20,000 calls): a kernel launch +1.97 / +2.96 us
 # and a device copy +1.78 / +3.65 us ("launch": any call that puts work on the GPU); an event
 # record +1.05 / +1.37 us and a stream wait +1.15 / +1.48 us ("other"). The replay's untraced
