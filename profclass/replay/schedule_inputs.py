@@ -186,8 +186,9 @@ def _optimizer_ops(t: GpuTrace) -> np.ndarray:
 def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:
     """GPU idle per step after the host's device syncs on PP exchanges, as the median sync's
     idle times the syncs per step (a stall in one step is not a refill every sync pays):
-    each stretch with no op on the GPU is put down to the last host sync that returned before
-    it began; those whose sync waited for a PP send/recv count. (Megatron ends each batched
+    each stretch with no op on the GPU whose next op the host had not yet launched is put down
+    to the last host sync that returned before it began; those whose sync waited for a PP
+    send/recv count. (Megatron ends each batched
     P2P call with ``torch.cuda.synchronize()``: the GPU drains, and runs dry until the host
     has issued enough again.)"""
     c = t.calls
@@ -201,7 +202,15 @@ def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:
     s = t.ops.start
     ce = np.maximum.accumulate(s + t.ops.dur)
     idle_from, idle_to = ce[:-1], s[1:]  # ops are sorted by start
-    keep = idle_to > idle_from
+    # a refill stretch ends at an op the host had not launched when the GPU ran dry; where the op
+    # was already queued, the GPU waited for something else (probes 25 and 25b, fixtures/notes.md: 510 us
+    # after every softmax backward, alike batched and overlapped, its next kernel queued 4 and 68 ms
+    # ahead), which the syncs do not cause. Ops with no launch call in the window count as refill
+    li = t.ops.launch[1:]
+    known = li >= 0
+    launched = np.full(len(li), np.iinfo(np.int64).max)
+    launched[known] = c.c_start[li[known]] + c.c_dur[li[known]]
+    keep = (idle_to > idle_from) & (launched > idle_from)
     idle_from, idle_to = idle_from[keep], idle_to[keep]
     last = np.searchsorted(ret, idle_from, side="right") - 1
     after_pp = (last >= 0) & on_pp[np.maximum(last, 0)]
