@@ -29,7 +29,7 @@ from .analyzers.memory import MIN_RECOMPUTE_RATIO
 from .analyzers import iterations as it
 from .clocks import shift_timeline
 from .errors import ProfileError
-from .analyzers.layout_infer import nccl_alltoall_peers
+from .analyzers.nccl_ranges import nccl_alltoall_peers
 from .kernel_table import gpu_kernel_agg
 from .load import load_by_process
 from .replay.trace import GpuTrace

@@ -545,7 +545,7 @@ def test_alltoall_group_from_nccl_nvtx():
     deepest count over the capture is the group's size; per thread."""
     import pandas as pd
 
-    from profclass.analyzers.layout_infer import nccl_alltoall_peers
+    from profclass.analyzers.nccl_ranges import nccl_alltoall_peers
 
     def ranges(*threads):
         rows = [(tid, i, t) for tid, seq in threads for i, t in enumerate(seq)]
@@ -575,6 +575,27 @@ def test_pp_from_the_stage_stride():
     assert pp is None and "fit no one stage stride" in why
     assert pp_size(e((0, 3)), 8)[0] is None  # 3 does not divide 8
     assert pp_size(e((0, 1), (1, 2)), None) == (3, None)  # no world: the chain
+
+
+def test_overlapped_p2p_neighbours_are_a_pipeline_not_ep_pairs():
+    """Overlapped P2P (torch's isend/irecv: a communicator, so a stream and a bucket, per
+    neighbour) on a flagless PP 4 x VPP 2 job gives each rank one mutual pair per neighbour; read
+    as EP cliques they made EP 2 and left PP null. The SendRecv buckets of probe 26b's capture
+    (fixtures/notes.md, twenty-fifth session; not committed): cliques that share a rank are a
+    chain, so no EP; rank 3's wrap bucket also names rank 1 (a coincidence of their ends that
+    rank 1 does not return), so all edges fit no one stride, and the mutual ones give PP 4."""
+    from profclass.analyzers.layout_infer import _classify, pp_size
+    f = frozenset
+    bks = [(0, 96, f({1})), (0, 48, f({3})), (1, 96, f({0})), (1, 96, f({2})), (2, 96, f({1})), (2, 96, f({3})),
+           (3, 96, f({2})), (3, 48, f({0, 1}))]
+    ep, pp, mutual = _classify(bks, {r: 10.0 + r for r in range(4)})
+    assert not ep
+    assert pp_size(pp, 4)[0] is None
+    assert pp_size(mutual, 4) == (4, None)
+    # an all-to-all clique per rank stays EP (EP 2 x PP 2: ranks 0-1 and 2-3 exchange tokens, 0-2 and 1-3 activations)
+    ep, pp, _ = _classify([(0, 90, f({1})), (0, 10, f({2})), (1, 90, f({0})), (1, 10, f({3})), (2, 90, f({3})),
+                           (2, 10, f({0})), (3, 90, f({2})), (3, 10, f({1}))], {r: 10.0 for r in range(4)})
+    assert ep == {f({0, 1}), f({2, 3})} and pp_size(pp, 4) == (2, None)
 
 
 @pytest.mark.parametrize("name", MULTI)

@@ -65,43 +65,6 @@ FORWARD_MIN = 0.2
 MOE_ROUTER = re.compile(r"topk", re.I)
 
 
-# NCCL's own NVTX ranges (its NVTX domain), read for torch's all-to-all (nccl_alltoall_peers)
-NCCL_NVTX = ("ncclGroupStart", "ncclGroupEnd", "ncclSend", "ncclRecv", "ncclCommCount")
-
-
-def nccl_alltoall_peers(nvtx) -> int | None:
-    """The communicator size of torch's all-to-all on this process, from NCCL's NVTX ranges.
-
-    torch (``all2all_single_equal_split`` / ``_unequal_split``) asks ``ncclCommCount`` for the
-    communicator's size, then in one ``ncclGroupStart``..``ncclGroupEnd`` sends to and receives
-    from every member (itself included; a member with nothing to exchange may be skipped). So a
-    group opened right after ``ncclCommCount`` with as many ``ncclSend`` as ``ncclRecv`` ranges
-    holds at most one per member; the most over the capture is the group size (EP for the MoE
-    dispatcher's all-to-all). Pipeline p2p groups (one send) and gather/scatter (sends and
-    receives unequal) do not count. None without NCCL's ranges or such a group of 2 or more."""
-    if nvtx is None or nvtx.empty or "text" not in nvtx:
-        return None
-    n = nvtx.loc[nvtx["text"].isin(NCCL_NVTX), ["tid", "start", "text"]].sort_values(["tid", "start"], kind="stable")
-    if n.empty:
-        return None
-    text, tid = n["text"].astype("category").array, n["tid"].to_numpy()  # (codes: no copy of each text)
-    delta = (text == "ncclGroupStart").astype(np.int64) - (text == "ncclGroupEnd")
-    new_tid = np.r_[True, tid[1:] != tid[:-1]]
-    # depth after each event, per thread (the cumulative sum restarted at each thread's first)
-    total = np.cumsum(delta)
-    first = np.maximum.accumulate(np.where(new_tid, np.arange(len(text)), 0))
-    depth = total - (total - delta)[first]
-    opens = (text == "ncclGroupStart") & (depth == 1)
-    after_count = opens & ~new_tid & np.r_[False, text[:-1] == "ncclCommCount"]
-    group = np.cumsum(opens)
-    inside = depth > 0
-    sends = np.bincount(group[inside & (text == "ncclSend")], minlength=group[-1] + 1)
-    recvs = np.bincount(group[inside & (text == "ncclRecv")], minlength=group[-1] + 1)
-    ok = group[after_count]
-    ok = ok[(sends[ok] == recvs[ok]) & (sends[ok] >= 2)]
-    return int(sends[ok].max()) if ok.size else None
-
-
 def end_gap(own_end: np.ndarray, peer_ends: np.ndarray) -> np.ndarray:
     """For each own end, the distance to the nearest of the sorted ``peer_ends`` (inf when the
     peer has none)."""
@@ -215,8 +178,8 @@ def _tp_size(blocks: dict[int, frozenset], ranks, ep_sets: set, forward: dict | 
     return t, over
 
 
-def _classify(bks, shape: dict) -> tuple[set, set]:
-    """EP cliques and PP edges from the buckets."""
+def _classify(bks, shape: dict) -> tuple[set, set, set]:
+    """EP cliques, PP edges, and the PP edges both ends see, from the buckets."""
     # one object per distinct rank set, so that the membership tests below compare by identity:
     # j's bucket with partners clique - {j} is (j, clique) here (a rank is never its own partner)
     canon: dict[frozenset, frozenset] = {}
@@ -237,7 +200,12 @@ def _classify(bks, shape: dict) -> tuple[set, set]:
             ep.add(frozenset(clique))
         else:
             pp.update(frozenset((r, j)) for j in p)
-    return ep, pp
+    # groups partition the ranks: cliques sharing a rank are a chain of pairs, pipeline neighbours
+    # (overlapped P2P: a communicator, so a stream and a bucket, per neighbour), not EP groups
+    chain = {c for c in ep if any(c & d and c != d for d in ep)}
+    pp.update(frozenset((a, b)) for c in chain for a in c for b in c if a < b)
+    seen = {(r, j) for r, _, p in bks for j in p}
+    return ep - chain, pp, {e for e in pp if all((a, b) in seen for a in e for b in e if a != b)}
 
 
 def _chain_size(edges: set) -> int:
@@ -319,7 +287,7 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
                                       forward_types(kernels, ranks, per_layer))
     # with TP known, the SendRecv partners again, only a multiple of TP away (the PP neighbours;
     # EP too, unless it is laid over the TP block: then the clique found unstrided)
-    ep_sets, pp_edges = _classify(buckets(kernels, ranks, stride=tp), shape) if tp and tp > 1 else unstrided
+    ep_sets, pp_edges, mutual = _classify(buckets(kernels, ranks, stride=tp), shape) if tp and tp > 1 else unstrided
     s, src = layout.sizes, layout.source
     if ep_over_tp:
         ep_sets = {c for c in unstrided[0] if len(c) == tp}
@@ -327,6 +295,8 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     s["ep"], src["ep"] = ((None, None) if ambiguous else
                           ((max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"))
     s["pp"], why = pp_size(pp_edges, layout.world)
+    if why and mutual and pp_size(mutual, layout.world)[1] is None:  # a partner one end alone sees is the weaker
+        s["pp"], why = pp_size(mutual, layout.world)
     src["pp"] = "inferred" if why is None else f"{UNDETERMINED}: {why}"
     if tp:
         s["tp"], s["cp"], src["tp"], src["cp"] = tp, 1, "inferred", "inferred"
