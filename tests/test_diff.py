@@ -289,3 +289,28 @@ def test_the_applied_fix_is_priced_as_diagnose_prices_it_with_and_without_the_pr
     # tracing slows the host, so the launches the recomputed forward drops are worth more traced
     assert fg["predicted_gain_traced_ms"] > fg["predicted_gain_ms"]
     assert f"{fg['predicted_gain_traced_ms']:.1f} with the profiler kept" in render_text(r)
+
+
+def test_an_interleaved_schedules_p2p_mode_change_applies_the_overlap_fix():
+    """Batched -> overlapped P2P on an interleaved job is the ``pp_overlap_p2p`` fix, read off the
+    pipeline analyzer's mode where no flag says it (a config file's switch: probe 26b's pair,
+    fixtures/notes.md, twenty-fifth session, whose exports are not committed); the mode of a 1F1B
+    job (VPP 1, whose calls are batched) is no setting, so 1F1B -> interleaved is not it."""
+    from types import SimpleNamespace
+
+    from profclass.diff.fix_gains import _applied, _settings
+    from profclass.fixes import load_table
+
+    def side(vpp, p2p):
+        return _settings(SimpleNamespace(config={}, layout={"sizes": {"vpp": vpp}},
+                                         pipeline={"virtual_stages": vpp, "p2p": p2p}))
+
+    (fix,) = [f for f in load_table() if f["id"] == "pp_overlap_p2p"]
+    signs = dict(fp8=False, libraries=set(), graphs=False)
+
+    def applied(b, c):
+        return any(_applied(cond, b, c, signs, signs)[0] for cond in fix["applied_when"])
+
+    assert applied(side(2, "batched"), side(2, "overlapped"))
+    assert not applied(side(2, "overlapped"), side(2, "batched"))
+    assert not applied(side(1, "batched"), side(2, "overlapped"))

@@ -7,7 +7,7 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
 
     on:FLAG            FLAG (or environment variable) absent/false on the base, set on the candidate
     off:FLAG           set on the base, absent (or "0") on the candidate
-    change:KEY=A->B    configuration KEY from A to B
+    change:KEY=A->B    configuration KEY from A to B (pp_p2p: an interleaved schedule's P2P mode, read off its kernels)
     up:FLAG            FLAG's number grows; the realized gain is then per the base's work
                        (the candidate's step x base value / candidate value)
     kernels:fp8        FP8 GEMM kernels appear
@@ -35,6 +35,7 @@ _ABSENT = (None, False, "0", "false", "False")
 # flags that would have said them: a flagless pair that changed the micro-batches or interleaved
 # is recognised as one that did it by flag
 _LAYOUT_FLAGS = {"microbatches": "--num-microbatches", "vpp": "--virtual-pipeline-model-parallel-size"}
+PP_P2P = "pp_p2p"  # the settings key of an interleaved schedule's P2P mode (``change:pp_p2p=batched->overlapped``)
 
 
 def _settings(d) -> dict:
@@ -47,6 +48,10 @@ def _settings(d) -> dict:
         if out.get(flag) is None and sizes.get(key):
             # VPP 1 is no interleaving: absent, as an unset flag
             out[flag] = None if key == "vpp" and sizes[key] == 1 else sizes[key]
+    # how an interleaved schedule's exchanges ran, read off its kernels (no flag need say it)
+    pipe = getattr(d, "pipeline", None) or {}
+    if (pipe.get("virtual_stages") or 1) > 1 and pipe.get("p2p"):
+        out[PP_P2P] = pipe["p2p"]
     return out
 
 
