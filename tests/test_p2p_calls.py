@@ -184,39 +184,22 @@ def test_overlapped_kernels_slow_the_compute_beside_them_by_hand():
     assert ps.step_ns(ovl, 2, 8, 0.0, slowdown=s) == ps.step_ns(ovl, 2, 8, 0.0)
 
 
-def _trace(op_start, op_dur, op_launch, calls):
-    """A one-iteration replay trace: ops (start, dur, launching call) on one stream, and calls
-    as (start, dur, kind, waited-for op, wake)."""
-    from profclass.replay import trace as tr
-
-    n, k = len(op_start), len(calls)
-    z = np.zeros(n, np.int64)
-    c = np.array(calls, np.int64).reshape(k, 5)
-    ops = tr.Ops(start=np.array(op_start, np.int64), dur=np.array(op_dur, np.int64), stream=z, kind=np.array([tr.COMM] + [tr.COMPUTE] * (n - 1)),
-                 gemm=z.astype(bool), fusion=z.astype(np.int8), recomputed=z.astype(bool), offload=z.astype(bool),
-                 launch=np.array(op_launch, np.int64), launch_lag=z, stream_gap=z)
-    zc = np.zeros(k, np.int64)
-    calls_ = tr.Calls(c_start=c[:, 0], c_dur=c[:, 1], c_tid=zc, c_kind=c[:, 2], c_gap=zc, c_gc=zc, c_target=c[:, 3],
-                      c_wake=c[:, 4], c_recomputed=zc.astype(bool), c_folded=zc)
-    e = np.zeros(0, np.int64)
-    edges = tr.Edges(e_src=e, e_dst=e, e_lag=e, e_from_start=e.astype(bool), h_src=e, h_dst=e, h_lag=e)
-    return tr.GpuTrace(lo=0, hi=int(max(op_start)) + 1000, iterations=1, ops=ops, calls=calls_, edges=edges,
-                       edge_source="timing", measured_end=int(max(op_start)) + 1000, unexplained_ns=0)
-
-
 def test_the_refill_is_the_idle_the_host_leaves_not_a_queued_ops_wait():
     """After a device sync on a PP send/recv (op 0, ends at 100 ns; the sync returns at 110;
     op 1, queued before, runs to 120) the GPU idles twice: until 200, for op 2, which the host
     launched at 150 (the refill: counted), and from 300 to 800 before op 3, which was launched at
     160, before the GPU ran dry (the GPU waited for something else, a wait the sync does not
     cause: not counted)."""
-    from profclass.replay import schedule_inputs as si
-    from profclass.replay.trace import LAUNCH, SYNC
+    from test_replay_engine import _trace  # the engine tests' hand-built traces
 
-    def trace(op3_launch):
-        return _trace([0, 100, 200, 800], [100, 20, 100, 100], [-1, 1, 2, 3],
-                      [(50, 5, SYNC, 0, 10), (10, 5, LAUNCH, -1, 0), (140, 10, LAUNCH, -1, 0),
-                       (op3_launch, 5, LAUNCH, -1, 0)])
+    from profclass.replay import schedule_inputs as si
+    from profclass.replay.trace import COMM, COMPUTE, LAUNCH, SYNC
+
+    def trace(op3_launch):  # ops: (start, dur, stream, kind, launch call, lag, gap); calls: (start, dur, tid, kind, gap, target, wake)
+        return _trace([(0, 100, 0, COMM, -1, 0, 0), (100, 20, 0, COMPUTE, 0, 0, 0), (200, 100, 0, COMPUTE, 2, 0, 0),
+                       (800, 100, 0, COMPUTE, 3, 0, 0)],
+                      [(10, 5, 1, LAUNCH, 0, -1, 0), (50, 5, 1, SYNC, 0, 0, 10), (140, 10, 1, LAUNCH, 0, -1, 0),
+                       (op3_launch, 5, 1, LAUNCH, 0, -1, 0)])
 
     assert si._idle_after_syncs(trace(155), np.array([0])) == pytest.approx(80)
     assert si._idle_after_syncs(trace(700), np.array([0])) == pytest.approx(580)  # launched at 705: both count
