@@ -295,8 +295,9 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     s["ep"], src["ep"] = ((None, None) if ambiguous else
                           ((max(len(c) for c in ep_sets) if ep_sets else 1), "inferred"))
     s["pp"], why = pp_size(pp_edges, layout.world)
-    if why and mutual and pp_size(mutual, layout.world)[1] is None:  # a partner one end alone sees is the weaker
-        s["pp"], why = pp_size(mutual, layout.world)
+    if why and mutual:  # a partner one end alone sees is the weaker: the edges both ends see decide, if they can
+        both = pp_size(mutual, layout.world)
+        s["pp"], why = both if both[1] is None else (s["pp"], why)
     src["pp"] = "inferred" if why is None else f"{UNDETERMINED}: {why}"
     if tp:
         s["tp"], s["cp"], src["tp"], src["cp"] = tp, 1, "inferred", "inferred"
