@@ -34,12 +34,13 @@ from .schedule_inputs import FB_RATIO, Stages, measure
 from .trace import GpuTrace
 
 # overlapped P2P's NCCL kernels run beside the compute they were posted ahead of and share its
-# SMs: a stage's busy time grows by this share at the (low, best, high) points. Measured on twin
-# traced captures of one job (gpubound2 PP 4 x VPP 2, batched and overlapped, fifteenth
-# session's p2pprobe): the same compute kernels took +3.2, +0.9, +2.8 and -0.2% on the four
-# GPUs overlapped (GEMMs running beside a send/recv kernel 10-20% slower): the largest, the mean,
-# none
-OVERLAP_SLOWDOWN = (0.032, 0.017, 0.0)
+# SMs: a stage's busy time grows by this share at the (low, best, high) gain points. A posted
+# kernel takes SMs for as long as it waits for its peer, so it is the stages that wait for
+# another that slow; the busiest stage, the one the others wait for, finds its tensors already
+# sent. Measured on six twin traced captures (batched and overlapped, one job each; docs/replay.md):
+# the other stages' busy time +0.45 to +4.6% (mean 3.0), the busiest stage's -1.3 to +0.7% (mean -0.5)
+OVERLAP_SLOWDOWN = (0.046, 0.030, 0.0045)
+OVERLAP_SLOWDOWN_BUSIEST = (0.007, -0.005, -0.013)
 
 
 STEPS = 3  # steps simulated back to back: the last one's start-to-start is the steady step
@@ -61,8 +62,9 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
     measured after the base's syncs, whatever a chunk's share of the layers; the base's own
     refill comes out of U with its calls). An
     overlapped schedule syncs nothing: its calls cost the GPU the transfer's floor, and the
-    refill idle a host ahead would not leave (``sync_idle``) leaves the stages' time, and its
-    posted kernels slow the compute beside them (``slowdown`` of the busy time). The base's own
+    refill idle a host ahead would not leave (``sync_idle``, once: the gap after each call is in it
+    and goes with ``x``) leaves the stages' time, and its posted kernels slow the compute beside
+    them (``slowdown``, per stage or one for all, of the busy time: ``overlap_slowdown``). The base's own
     calls come out of U first (a stage's work per micro-batch is measured with them)."""
     floor = min(st.floor, x)
     calls = np.array([calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
@@ -73,8 +75,8 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
     shared = 0.0
     if mode == OVERLAPPED and st.p2p == BATCHED:
         shared = slowdown * (st.busy if st.busy is not None else st.work)  # the SMs the posted kernels take
-        if st.sync_idle is not None:
-            st = less_host(st, st.sync_idle)  # the refill idle goes, from work and rest by their time
+        if st.sync_idle is not None:  # the refill idle beyond the gap ``x`` holds goes, from work and rest by their time
+            st = less_host(st, sync_refill(st, calls) * calls * st.m)
     f = (np.clip(st.work - calls * own, 0, None) + shared) / (1 + FB_RATIO)
     pre = st.rest_before_meet if st.rest_before_meet is not None else np.zeros(st.p)
     cost = x + refill if mode == BATCHED else np.full(st.p, floor)
@@ -202,6 +204,13 @@ def balance_note(st: Stages) -> str:
     return f"layers per stage {now} -> {', '.join(map(str, split[0]))}, a layer {split[1] / 1e6:.2f} ms per micro-batch"
 
 
+def overlap_slowdown(st: Stages, point: str = "best") -> np.ndarray:
+    """Per stage, the share by which posted send/recv kernels slow its busy time at a gain
+    point: the busiest stage's (the others wait for it) or the others' (they wait)."""
+    i = POINTS.index(point)
+    return np.where(st.work >= st.work.max(), OVERLAP_SLOWDOWN_BUSIEST[i], OVERLAP_SLOWDOWN[i])
+
+
 def p2p_mode(specs: list[dict], st: Stages, point: str = "best") -> str:
     """How the changed schedule's exchanges run: as a spec says (``p2p``: ``batched`` or
     ``overlapped``), else as captured where the capture is interleaved, else Megatron-LM's and
@@ -223,7 +232,7 @@ def combined_ms(specs: list[dict], st: Stages, q: float = 0.5) -> float | None:
     if m < 1 or m != int(m) or (v > 1 and m < st.p):
         return None
     return step_ns(st, v, int(m), exchange_cost(st, q), work=work, p2p=p2p_mode(specs, st),
-                   slowdown=OVERLAP_SLOWDOWN[1]) / samples / 1e6
+                   slowdown=overlap_slowdown(st, "best")) / samples / 1e6
 
 
 def gains_ms(spec: dict, st: Stages) -> dict | None:
@@ -238,7 +247,7 @@ def gains_ms(spec: dict, st: Stages) -> dict | None:
         x = exchange_cost(st, _pick(spec.get("exchange_quantile", 0.5), point))
         base = step_ns(st, st.v, st.m, x)
         new = step_ns(st, v, int(m), x, work=work, p2p=p2p_mode([spec], st, point),
-                      slowdown=OVERLAP_SLOWDOWN[POINTS.index(point)]) / samples
+                      slowdown=overlap_slowdown(st, point)) / samples
         out[point] = (base - new) / 1e6
     return out
 
