@@ -146,6 +146,9 @@ def test_the_overlap_fix_is_priced_where_the_capture_batches(diagnosis):
     assert fix["gain_model"] == "replay:pp_schedule"
     assert 0 < fix["gain_low_ms"] <= fix["expected_gain_ms"] <= fix["gain_high_ms"] < d.window["step_ms"]["mean"]
     assert "pp_overlap_p2p" not in {f["id"] for f in diagnosis("mcore_gb_pp4s_m8").fixes}
+    # its basis says what the overlapped price assumes; interleaving more, batched as captured, does not
+    assert "sync idle leaves once" in fix["gain_basis"] and "the busiest stage by -0.5%" in fix["gain_basis"]
+    assert "sync idle leaves once" not in fixes["pp_interleave"]["gain_basis"]
 
 
 def test_the_report_states_the_schedule_its_p2p_mode_and_sync_idle(diagnosis):

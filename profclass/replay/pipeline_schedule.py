@@ -211,6 +211,18 @@ def overlap_slowdown(st: Stages, point: str = "best") -> np.ndarray:
     return np.where(st.work >= st.work.max(), OVERLAP_SLOWDOWN_BUSIEST[i], OVERLAP_SLOWDOWN[i])
 
 
+def overlap_note(spec: dict, st: Stages) -> str:
+    """What an overlapped schedule priced from a batched capture assumes, for a price's basis
+    ("" where the change keeps the exchanges batched or the capture already overlapped)."""
+    if st.p2p != BATCHED or p2p_mode([spec], st) != OVERLAPPED:
+        return ""
+    pct = [f"{100 * v:g}%" for v in (OVERLAP_SLOWDOWN[1], OVERLAP_SLOWDOWN_BUSIEST[1])]
+    where = " at the best and high points" if p2p_mode([spec], st, "low") != OVERLAPPED else ""
+    return (f"; the exchanges overlapped{where}, from a batched capture: each stage's sync idle leaves once, and "
+            f"the posted send/recv kernels slow the stages that wait by {pct[0]} of their busy time, the busiest "
+            f"stage by {pct[1]}")
+
+
 def p2p_mode(specs: list[dict], st: Stages, point: str = "best") -> str:
     """How the changed schedule's exchanges run: as a spec says (``p2p``: ``batched`` or
     ``overlapped``), else as captured where the capture is interleaved, else Megatron-LM's and

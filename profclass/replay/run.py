@@ -264,6 +264,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
                     f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
                     f"per-micro-batch work, rest, exchange cost and sync refill ({_describe(spec)}"
                     + (f"; {pipeline_schedule.balance_note(stages)}" if spec.get("balance") else "")
+                    + pipeline_schedule.overlap_note(spec, stages)
                     + "), against the schedule "
                     f"simulated at the captured (p, v, m); " + ("both as traced (the profiler kept)" if traced else
                     "both without the profiler (each stage's host time less what the graph replay says CUDA "
