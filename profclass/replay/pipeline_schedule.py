@@ -69,14 +69,15 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
     floor = min(st.floor, x)
     calls = np.array([calls_per_microbatch(st.p, st.v, st.m, s, st.p2p) for s in range(st.p)])
     mode = BATCHED if v == 1 else (p2p or st.p2p)
-    refill = sync_refill(st, calls) if mode == BATCHED else 0.0
+    base_refill = sync_refill(st, calls)  # the captured calls' refill, per call
+    refill = base_refill if mode == BATCHED else 0.0
     own = x + refill if st.p2p == BATCHED or st.v == 1 else floor
     st = st if work is None else replace(st, work=work)
     shared = 0.0
     if mode == OVERLAPPED and st.p2p == BATCHED:
         shared = slowdown * (st.busy if st.busy is not None else st.work)  # the SMs the posted kernels take
         if st.sync_idle is not None:  # the refill idle beyond the gap ``x`` holds goes, from work and rest by their time
-            st = less_host(st, sync_refill(st, calls) * calls * st.m)
+            st = less_host(st, base_refill * calls * st.m)
     f = (np.clip(st.work - calls * own, 0, None) + shared) / (1 + FB_RATIO)
     pre = st.rest_before_meet if st.rest_before_meet is not None else np.zeros(st.p)
     cost = x + refill if mode == BATCHED else np.full(st.p, floor)
