@@ -21,19 +21,16 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..analyzers.compute import fusion_codes
-from ..analyzers.host import GC_RANGES
-from ..analyzers.idle import ALLOC_CALLS, OFFLOAD_MIN_BYTES, SYNC_CALLS
+from ..analyzers.idle import OFFLOAD_MIN_BYTES
 from ..analyzers.recompute import recomputed_spans
-from ..analyzers.sets import contains_per_distinct, name_matches
 from ..kernel_table import name_codes
 from ..timeline import GpuTimeline
-from .constants import LATENCY_CAPS, MAX_TRACE_ITERATIONS, MAX_TRACE_OPS, THREAD_WAIT_NS
+from .constants import LATENCY_CAPS, MAX_TRACE_ITERATIONS, MAX_TRACE_OPS
+from .host_calls import ALLOC, LAUNCH, OTHER, SYNC, call_frame, window_calls  # noqa: F401 (kinds re-exported)
 from .latency import inferred_edges, latencies
 
 # op kinds
 COMPUTE, COMM, COPY, MEMSET = 0, 1, 2, 3
-# call kinds
-LAUNCH, SYNC, ALLOC, OTHER = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -138,7 +135,7 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
     kind = np.where(opname == "memcpy", COPY, np.where(opname == "memset", MEMSET,
                                                        np.where(is_comm, COMM, COMPUTE))).astype(np.int8)
     stream = pd.factorize(ops["stream"].to_numpy(np.int64))[0].astype(np.int64)
-    calls = _calls(gpu, lo, hi)
+    calls = window_calls(gpu, lo, hi)
     launch = _launch_index(ops["correlation"].to_numpy(np.int64), ops["launch_start"].to_numpy(np.int64), calls)
     recomputed = _recomputed(ops, kind, lo, hi, recomputes)
     offload = ((kind == COPY) & ops["kind"].astype(str).isin(["HtoD", "DtoH"]).to_numpy()
@@ -158,7 +155,7 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
             from_start = np.concatenate([from_start, i_start])
             lags, gaps, e_lag, unexplained, _ = latencies(start, end, stream, launch, calls["start"], e_src, e_dst,
                                                           from_start, c_end)
-    c = _call_frame(calls, start, end, launch, recomputed, gpu.nvtx, lo, hi)
+    c = call_frame(calls, start, end, launch, recomputed, gpu.nvtx, lo, hi)
     remap = c.pop("remap")
     launch = np.where(launch >= 0, remap[np.clip(launch, 0, None)] if len(remap) else -1, -1)
     measured_end = int(max(end.max(initial=lo), calls["start"].to_numpy(np.int64).max(initial=lo)))
@@ -172,48 +169,6 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
                 launch_lag=lags, stream_gap=gaps, name=name_code),
         calls=Calls(**c), edges=Edges(e_src=e_src, e_dst=e_dst, e_lag=e_lag, e_from_start=from_start, **h),
         edge_source=source, measured_end=measured_end, unexplained_ns=unexplained, names=names)
-
-
-def _calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
-    """The window's API calls on the threads that launched its ops, sorted by (tid, start)."""
-    rt = gpu.runtime
-    if rt.empty:
-        return pd.DataFrame({c: np.zeros(0, np.int64) for c in ("start", "end", "tid", "correlation")}
-                            | {"name": np.zeros(0, object), "closing": np.zeros(0, bool)})
-    s = rt["start"].to_numpy(np.int64)
-    inside = (s >= lo) & (s < hi)
-    w = rt[inside]
-    launched = set(np.unique(w.loc[w["correlation"].isin(gpu.ops["correlation"]), "tid"].to_numpy()))
-    # each launching thread's first call after the window closes it: the host time after the
-    # window's last launch (the optimizer's Python, a GC pause, logging) is the CPU time
-    # before that call, part of the step the replay must hold
-    later = np.searchsorted(s, hi) if bool(np.all(s[:-1] <= s[1:])) else None
-    tail_tid = rt["tid"].to_numpy()[later:] if later is not None else rt["tid"].to_numpy()
-    tail_ok = np.isin(tail_tid, list(launched)) & (True if later is not None else s >= hi)
-    _, first = np.unique(np.where(tail_ok, tail_tid, -1), return_index=True)
-    first = first[tail_ok[first]]
-    after = rt.iloc[(later or 0) + first] if later is not None else rt.iloc[first]
-    w = w[w["tid"].isin(launched)] if launched else w
-    w = pd.concat([w.assign(closing=False), after.assign(closing=True)], ignore_index=True)
-    w = w.sort_values(["tid", "start"], kind="stable").reset_index(drop=True)
-    # a driver call inside a runtime call (cuLaunchKernel inside cudaLaunchKernel) is the same
-    # CPU time: keep the outer one
-    e = w["end"].to_numpy(np.int64)
-    tid = w["tid"].to_numpy()
-    run_end = _running_max_by_group(e, tid)
-    nested = np.zeros(len(w), bool)
-    nested[1:] = (tid[1:] == tid[:-1]) & (w["start"].to_numpy(np.int64)[1:] < run_end[:-1])
-    return w[~nested].reset_index(drop=True)
-
-
-def _running_max_by_group(v: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Running maximum of ``v`` restarted at each new ``group`` (rows sorted by group)."""
-    if len(v) == 0:
-        return v
-    seg = np.concatenate([[0], np.cumsum(group[1:] != group[:-1])])
-    off = seg.astype(np.int64) * (2 ** 62 // max(int(seg[-1]) + 1, 1))
-    base = v - v.min()
-    return np.maximum.accumulate(base + off) - off + v.min()
 
 
 def _launch_index(corr: np.ndarray, launch_start: np.ndarray, calls: pd.DataFrame) -> np.ndarray:
@@ -293,156 +248,3 @@ def _event_edges(ops: pd.DataFrame, stream: np.ndarray, ev: pd.DataFrame | None,
     keep = (src_i != dst_i) & (end[src_i] <= start[dst_i]) & (stream[src_i] != stream[dst_i])
     pairs = np.unique(np.stack([src_i[keep], dst_i[keep]]), axis=1) if keep.any() else np.zeros((2, 0), np.int64)
     return pairs[0].astype(np.int64), pairs[1].astype(np.int64), "cuda events"
-
-
-def _call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, hi) -> dict:
-    """The host threads' calls: own time, CPU time before each, GC inside it, and what a
-    blocking call waited for."""
-    cs = calls["start"].to_numpy(np.int64)
-    ce = calls["end"].to_numpy(np.int64)
-    tid = calls["tid"].to_numpy(np.int64)
-    m = len(cs)
-    kind = _call_kinds(calls["name"], launch, m)
-    same = np.zeros(m, bool)
-    same[1:] = tid[1:] == tid[:-1]
-    gap = np.zeros(m, np.int64)
-    gap[1:] = np.where(same[1:], np.clip(cs[1:] - ce[:-1], 0, None), 0)
-    gc = _gc_in_gaps(nvtx, cs, ce, same, lo, hi)
-    target, wake, dur = _blocking(cs, ce, kind, start, end, launch)
-    rec_calls = _recomputed_calls(cs, ce, launch, recomputed)
-    # calls that neither launch, block nor allocate are CPU time like any other: folded into
-    # the gap before the next kept call of their thread (a third of the graph's host nodes)
-    keep = (kind == LAUNCH) | (kind == ALLOC) | (target >= 0) | calls["closing"].to_numpy(bool)
-    gap, gc, folded, sel, remap = _fold(keep, gap, gc, ce - cs, same)
-    gap, h = _thread_waits(cs[sel], ce[sel], tid[sel], gap[sel])
-    return dict(c_start=cs[sel], c_dur=dur[sel].astype(np.int64), c_tid=tid[sel], c_kind=kind[sel],
-                c_gap=gap, c_gc=gc[sel], c_target=target[sel].astype(np.int64),
-                c_wake=wake[sel].astype(np.int64), c_recomputed=rec_calls[sel], c_folded=folded[sel],
-                remap=remap, **h)
-
-
-def _call_kinds(names, launch, m) -> np.ndarray:
-    kind = np.full(m, OTHER, np.int8)
-    if m:
-        kind[np.asarray(name_matches(names, ALLOC_CALLS), bool)] = ALLOC
-        kind[np.asarray(name_matches(names, SYNC_CALLS), bool)] = SYNC
-    is_launch = np.zeros(m, bool)
-    is_launch[launch[launch >= 0]] = True
-    kind[is_launch & (kind == OTHER)] = LAUNCH
-    return kind
-
-
-def _blocking(cs, ce, kind, start, end, launch):
-    """(target, wake, own duration) per call: a sync call, or a copy call whose copy ended
-    inside it, blocked on the GPU until the op whose end released it (the latest op end
-    inside the call) ended; its own time is then what it took beyond that, up to the wake cap."""
-    m = len(cs)
-    order = np.argsort(end, kind="stable")
-    k = np.searchsorted(end[order], ce, side="right") - 1
-    cand = np.where(k >= 0, order[np.clip(k, 0, None)], -1)
-    waited = (cand >= 0) & (end[np.clip(cand, 0, None)] > cs)
-    own_copy = np.zeros(m, bool)
-    if len(launch):
-        lk = launch >= 0
-        own_copy[launch[lk]] = end[lk] <= ce[launch[lk]]
-    blocking = waited & ((kind == SYNC) | own_copy)
-    target = np.where(blocking, cand, -1)
-    # kept as measured: a return long after the awaited op's end (the host thread descheduled,
-    # a wait the call hid) is real time the step keeps; beyond the wake cap it is reported as
-    # unexplained
-    wake = np.where(blocking, np.clip(ce - end[np.clip(cand, 0, None)], 0, None), 0)
-    dur = np.where(blocking, np.minimum(ce - cs, np.maximum(wake, 1)), ce - cs)
-    return target, wake, dur
-
-
-def _recomputed_calls(cs, ce, launch, recomputed) -> np.ndarray:
-    """Calls inside the stretches of host work that launched the recomputed forward (its
-    Python between its launches, same thread)."""
-    m = len(cs)
-    rl = launch[recomputed & (launch >= 0)] if m else np.zeros(0, np.int64)
-    if not len(rl):
-        return np.zeros(m, bool)
-    runs = _runs(np.sort(rl))
-    spans = iv.union(cs[runs[0]], ce[runs[1]])
-    k = np.searchsorted(spans[0], cs, side="right") - 1
-    return (k >= 0) & (cs < spans[1][np.clip(k, 0, None)])
-
-
-def _fold(keep, gap, gc, own, same):
-    """(gap, gc, folded calls, kept rows, old row -> kept row) with each dropped call's time
-    and the CPU time before it added to the gap before the next kept call of its thread."""
-    m = len(keep)
-    if not m or keep.all():
-        return gap, gc, np.zeros(m, np.int64), np.arange(m), np.arange(m)
-    kept = np.flatnonzero(keep)
-    start = ~same
-    start[0] = True
-    # the row after which a kept call's folded time begins: the previous kept call of its
-    # thread, else the row before the thread's first
-    mark = np.where(keep, np.arange(m), np.where(start, np.arange(m) - 1, -2))
-    q = np.maximum.accumulate(mark)
-    q_before = np.where(kept > 0, q[np.clip(kept - 1, 0, None)], -1)
-    q_before = np.where(start[kept], kept - 1, np.maximum(q_before, -1))
-    out = []
-    for vals, base in ((np.where(keep, 0, gap + own), gap), (np.where(keep, 0, gc), gc),
-                       ((~keep).astype(np.int64), np.zeros(m, np.int64))):
-        run = np.concatenate([[0], np.cumsum(vals)])  # run[i]: the sum of rows < i
-        added = base.copy()
-        added[kept] += run[kept] - run[q_before + 1]
-        out.append(added)
-    remap = np.full(m, -1, np.int64)
-    remap[kept] = np.arange(len(kept))
-    return out[0], out[1], out[2], kept, remap
-
-
-def _thread_waits(cs, ce, tid, gap):
-    """Host threads hand work to each other (the main thread's backward() wakes the autograd
-    engine's device thread and waits for it): a thread's first call, or a call after an idle
-    stretch during which another thread's call ended, waited for that call. The edge keeps the
-    measured time from that call's end; the idle stretch is no CPU work of this thread."""
-    m = len(cs)
-    first = np.ones(m, bool)
-    first[1:] = tid[1:] != tid[:-1]
-    prev_end = np.where(first, np.iinfo(np.int64).min // 4, np.concatenate([[0], ce[:-1]]))
-    cand_dst = np.flatnonzero(first | (gap > THREAD_WAIT_NS))
-    order = np.argsort(ce, kind="stable")
-    ends = ce[order]
-    k = np.searchsorted(ends, cs[cand_dst], side="right") - 1
-    src = np.full(len(cand_dst), -1, np.int64)
-    for back in range(8):  # the latest ends may be this thread's own: step back a few
-        kk = k - back
-        ok = (kk >= 0) & (src < 0)
-        c = order[np.clip(kk, 0, None)]
-        ok &= tid[c] != tid[cand_dst]
-        src = np.where(ok, c, src)
-    hit = src >= 0
-    hit[hit] &= ce[src[hit]] > prev_end[cand_dst[hit]]  # it ended while this thread was idle
-    dst, src = cand_dst[hit], src[hit]
-    gap = gap.copy()
-    gap[dst] = 0
-    return gap, dict(h_src=src.astype(np.int64), h_dst=dst.astype(np.int64),
-                     h_lag=(cs[dst] - ce[src]).astype(np.int64))
-
-
-def _runs(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """First and last of each run of consecutive call indices (a recomputed stretch of launches
-    with no other launches between them)."""
-    if len(idx) == 0:
-        return idx, idx
-    brk = np.flatnonzero(np.diff(idx) > 8) + 1  # a few non-recomputed calls (syncs) inside stay in
-    firsts = np.concatenate([[0], brk])
-    lasts = np.concatenate([brk - 1, [len(idx) - 1]])
-    return idx[firsts], idx[lasts]
-
-
-def _gc_in_gaps(nvtx: pd.DataFrame, cs, ce, same, lo, hi) -> np.ndarray:
-    m = len(cs)
-    if nvtx is None or nvtx.empty or m == 0:
-        return np.zeros(m, np.int64)
-    g = nvtx[contains_per_distinct(nvtx["text"], GC_RANGES)]
-    if g.empty:
-        return np.zeros(m, np.int64)
-    sets = iv.union(g["start"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
-    prev_end = np.concatenate([[cs[0] if m else 0], ce[:-1]])
-    prev_end = np.where(same, prev_end, cs)
-    return (iv.covered_before(sets, cs) - iv.covered_before(sets, np.minimum(prev_end, cs))).astype(np.int64)
