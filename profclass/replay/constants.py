@@ -27,10 +27,15 @@ LATENCY_CAPS = {"launch": 50_000, "stream": 10_000, "event": 10_000, "wake": 50_
 # host-bound captures), shorter than a layer's Python
 THREAD_WAIT_NS = 200_000
 # What CUDA tracing (CUPTI's callbacks and activity records under nsys 2024.2.3 -t cuda) adds
-# to each traced API call on the host, ns (low, best, high): measured on an H100 host by
-# fixtures/workloads/cupti_cost.py (fixtures/timers/cupti_cost_h100.jsonl, packed in fixtures/timers.tar.xz: two traced and two
-# untraced runs, each the median of 7 rounds of 20,000 calls): a kernel launch +1.97 / +2.96 us
-# and a device copy +1.78 / +3.65 us ("launch": any call that puts work on the GPU); an event
-# record +1.05 / +1.37 us and a stream wait +1.15 / +1.48 us ("other"). The replay's untraced
-# step takes the best value off each call; the low and high bound its range.
-TRACED_CALL_NS = {"launch": (1_780, 2_590, 3_650), "other": (1_050, 1_260, 1_480)}
+# to each traced API call on the host, ns (low, best, high). It depends on the host: per host, the
+# traced minus untraced median per call, from fixtures/workloads/cupti_cost.py (loops of 20,000
+# calls), gap_cost.py (3,000 launches with and without host work between) and sync_cost.py (the
+# launch after a sync); raw lines in fixtures/timers.tar.xz. A kernel launch ("launch": any call
+# that puts work on the GPU): an H100 host +2.0 / +3.0 us (cupti_cost, two runs: 2.5); an H200
+# host +3.9 (cupti_cost) and +6.5 (gap_cost), 5.2; another H200 host +7.1 (sync_cost's next
+# launch). Best: the median host, 5.2 us; low and high the hosts' extremes. An event record or
+# stream wait ("other"): the H100 host +1.05 to +1.48 us (1.26), the H200 host +2.0 to +2.2
+# (2.1); best their mean. The export does not say which host it ran on (a VM's CPU reads the
+# same everywhere), so the untraced step takes the best value off each call; the low and high
+# bound its range.
+TRACED_CALL_NS = {"launch": (1_970, 5_200, 7_100), "other": (1_050, 1_700, 2_200)}
