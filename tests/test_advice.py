@@ -39,7 +39,9 @@ def test_fixes_ranked_by_estimate_and_the_verdicts_fix_leads_unless_outpriced(na
         # the percentage is of the step: check it against the workload's own CUDA-event step timer
         # (independent of profclass), which the profiled step matches within 10.3% on the corpus
         timer = PROFILES[name]["workload_step_ms"]
-        assert f["expected_gain_pct"] == pytest.approx(100 * f["expected_gain_ms"] / timer, rel=0.12, abs=0.1)
+        # (the percentage is rounded to 0.1: half of that on top of the steps' 12%)
+        of_timer = 100 * f["expected_gain_ms"] / timer
+        assert abs(f["expected_gain_pct"] - of_timer) <= max(0.12 * abs(of_timer), 0.1) + 0.05
         assert f["gain_basis"].startswith(f["gain_model"] + ":")
 
 
