@@ -73,14 +73,16 @@ def test_without_the_profiler_each_traced_call_costs_less_and_a_host_paced_step_
     from profclass.replay.transforms import untraced
     # the launch-bound stream above, the second launch with 4 calls folded into its gap (an
     # event record, a stream wait ...): every call is cheaper, the GPU still waits for each
-    t = _launch_bound(3 * US)
+    call = 6 * US  # above what tracing adds to a launch
+    t = _launch_bound(call)
     t = GpuTrace(**{**vars(t), "calls": Calls(**{**vars(t.calls), "c_folded": np.array([0, 4, 0])})})
     g, w, out = _times([t])
     launch, other = TRACED_CALL_NS["launch"][1], TRACED_CALL_NS["other"][1]
+    assert launch < call and launch + 4 * other < 20 * US - call
     w2 = untraced(t, w[0], 0.0)
     # the first call has no CPU time before it: its own time pays
-    assert w2.c_dur.tolist() == [3 * US - launch, 3 * US, 3 * US]
-    assert w2.c_gap.tolist() == [0, 17 * US - launch - 4 * other, 17 * US - launch]
+    assert w2.c_dur.tolist() == [call - launch, call, call]
+    assert w2.c_gap.tolist() == [0, 20 * US - call - launch - 4 * other, 20 * US - call - launch]
     out2 = scenario.run(g, [w2])
     assert out.ends[0] - out2.ends[0] == 3 * launch + 4 * other
     # a call cheaper than what tracing adds to it costs nothing, never less
