@@ -51,13 +51,14 @@ def window_calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
     run_end = _running_max_by_group(e, tid)
     nested = np.zeros(len(w), bool)
     nested[1:] = (tid[1:] == tid[:-1]) & (w["start"].to_numpy(np.int64)[1:] < run_end[:-1])
-    # a thread still inside a call when the window closes: that call ends at the window's end
-    # (``_call_frame``), and its closing call follows it by the CPU time it measured, not by the
-    # next step's wait
+    # a thread still inside a call when the window closes waits for the next step's work: in
+    # the window that call ends at the window's end, and its closing call follows it by the CPU
+    # time it measured after the real return, not by the next step's wait
     closing = w["closing"].to_numpy(bool)
     over = np.zeros(len(w), np.int64)
     over[1:] = np.where(closing[1:] & (tid[1:] == tid[:-1]), np.clip(run_end[:-1] - hi, 0, None), 0)
-    w = w.assign(start=w["start"].to_numpy(np.int64) - over, end=w["end"].to_numpy(np.int64) - over)
+    w = w.assign(start=w["start"].to_numpy(np.int64) - over,
+                 end=np.where(closing, e - over, np.minimum(e, hi)))
     return w[~nested].reset_index(drop=True)
 
 
@@ -75,11 +76,8 @@ def call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, hi
     """The host threads' calls: own time, CPU time before each, GC inside it, and what a
     blocking call waited for."""
     cs = calls["start"].to_numpy(np.int64)
+    ce = calls["end"].to_numpy(np.int64)  # already cut at the window's edges (``window_calls``)
     closing = calls["closing"].to_numpy(bool)
-    # a call still blocked when the window closes waits for the next iteration's work: inside
-    # the window it lasts until the window's end (its return belongs to the next step)
-    ce = np.where(closing, calls["end"].to_numpy(np.int64), np.minimum(calls["end"].to_numpy(np.int64), max(hi, 0)))
-    ce = np.maximum(ce, cs)
     tid = calls["tid"].to_numpy(np.int64)
     m = len(cs)
     kind = _call_kinds(calls["name"], launch, m)

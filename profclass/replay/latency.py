@@ -19,17 +19,13 @@ def _typical(x: np.ndarray) -> int:
     return int(min(np.quantile(x, TYPICAL_QUANTILE), TYPICAL_MAX_NS)) if len(x) else 0
 
 
-def _free_at_launch(has_launch, launch, c_start, prev, end, e_dst, src_time) -> np.ndarray:
+def _free_at_launch(has_launch, launch, c_start, prev, end, ev_last) -> np.ndarray:
     """Ops nothing but their launch held: the stream's previous op and every event source had
-    ended when the launch call began. Only their start - call start is a launch latency; a
-    queued op's (a GPU-bound job's: milliseconds) is the queue's depth. All launched ops where
-    none was free."""
+    ended (``ev_last``: the latest) when the launch call began. Only their start - call start is
+    a launch latency; a queued op's (a GPU-bound job's: milliseconds) is the queue's depth. All
+    launched ops where none was free."""
     call_t = np.where(has_launch, c_start[np.clip(launch, 0, None)] if len(c_start) else 0, 0)
-    free = has_launch & ((prev < 0) | (end[np.clip(prev, 0, None)] <= call_t))
-    if len(e_dst):
-        ev_last = np.full(len(has_launch), np.iinfo(np.int64).min, np.int64)
-        np.maximum.at(ev_last, e_dst, src_time)
-        free &= ev_last <= call_t
+    free = has_launch & ((prev < 0) | (end[np.clip(prev, 0, None)] <= call_t)) & (ev_last <= call_t)
     return free if free.any() else has_launch
 
 
@@ -49,11 +45,12 @@ def latencies(start, end, stream, launch, c_start, e_src, e_dst, e_from_start=No
     meas_gap = np.where(prev >= 0, start - end[np.clip(prev, 0, None)], -1)
     src_time = (np.where(e_from_start, start[e_src], end[e_src]) if e_from_start is not None
                 else end[e_src]) if len(e_dst) else np.zeros(0, np.int64)
-    L, G = _typical(meas_launch[_free_at_launch(has_launch, launch, c_start, prev, end, e_dst, src_time)]), \
-        _typical(meas_gap[prev >= 0])
-    ev_ready = np.full(n, np.iinfo(np.int64).min, np.int64)
+    ev_last = np.full(n, np.iinfo(np.int64).min, np.int64)  # per op: its latest event source's time
     if len(e_dst):
-        np.maximum.at(ev_ready, e_dst, src_time + G)
+        np.maximum.at(ev_last, e_dst, src_time)
+    L = _typical(meas_launch[_free_at_launch(has_launch, launch, c_start, prev, end, ev_last)])
+    G = _typical(meas_gap[prev >= 0])
+    ev_ready = np.where(ev_last > np.iinfo(np.int64).min, ev_last + G, ev_last)
     a_launch = np.where(has_launch, start - meas_launch + L, np.iinfo(np.int64).min)
     a_stream = np.where(prev >= 0, start - meas_gap + G, np.iinfo(np.int64).min)
     bound = np.maximum(np.maximum(a_launch, a_stream), ev_ready)
