@@ -10,7 +10,7 @@ from functools import cached_property
 import numpy as np
 
 from ..classify import WALLS
-from . import collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, transforms
+from . import collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, span, transforms
 from .plan import fix_plan
 from .notes import disagreement, untraced_caveat
 from .trace import GpuTrace
@@ -54,7 +54,9 @@ class Replayer:
 
     def __init__(self, inp: ReplayInputs):
         self.inp = inp
-        self.traces = list(inp.traces)
+        # one count of steady iterations on every GPU: an iteration only some GPUs hold has
+        # collectives without their peers (``span``)
+        self.traces = span.common(list(inp.traces))
         insts, self.matched, self.lone = collectives.match(self.traces, list(inp.comm_kernels),
                                                           list(inp.members), list(inp.ranks))
         self.groups = [collectives._keyed(t, k) for t, k in zip(self.traces, inp.comm_kernels)]

@@ -99,30 +99,32 @@ class GpuTrace:
     unexplained_ns: int  # waiting no edge explains (latencies above their caps)
     shift_ns: int = 0
     names: tuple = ()  # normalised op names (what ``diff`` matches by): ``Ops.name`` codes into it
+    iteration_starts: np.ndarray | tuple = ()  # each replayed iteration's start (``span.common`` cuts by them)
 
     @property
     def n_ops(self) -> int:
         return len(self.ops.start)
 
 
-def _window(gpu: GpuTimeline) -> tuple[int, int, int]:
-    """The steady iterations replayed: all of them, or the first ones up to MAX_TRACE_OPS ops
-    (a long capture's step is the same step again: replaying more adds time, not fidelity)."""
+def _window(gpu: GpuTimeline) -> tuple[int, int, np.ndarray]:
+    """The steady iterations replayed, as (start, end, each iteration's start): all of them, or
+    the first ones up to MAX_TRACE_OPS ops (a long capture's step is the same step again:
+    replaying more adds time, not fidelity)."""
     st = gpu.steady
     if st.empty:
-        return gpu.window[0], gpu.window[1], 0
+        return gpu.window[0], gpu.window[1], np.zeros(0, np.int64)
     starts = st["start"].to_numpy(np.int64)
     ends = st["step_end"].to_numpy(np.int64) if "step_end" in st else st["end"].to_numpy(np.int64)
     op_starts = gpu.ops["start"].to_numpy(np.int64)
     counts = np.searchsorted(op_starts, ends) - np.searchsorted(op_starts, starts)
     k = max(1, int(np.searchsorted(np.cumsum(counts), MAX_TRACE_OPS, side="right")))
     k = min(k, len(starts), MAX_TRACE_ITERATIONS)
-    return int(starts[0]), int(ends[k - 1]), k
+    return int(starts[0]), int(ends[k - 1]), starts[:k]
 
 
 def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool = True) -> GpuTrace:
     """``recomputes``: the memory analyzer found recompute on this GPU (``_recomputed``)."""
-    lo, hi, its = _window(gpu)
+    lo, hi, its_starts = _window(gpu)
     o = gpu.ops
     s_all = o["start"].to_numpy(np.int64)
     sel = slice(np.searchsorted(s_all, lo), np.searchsorted(s_all, hi))
@@ -163,7 +165,7 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
     h = {k: c.pop(k) for k in ("h_src", "h_dst", "h_lag")}
     name_code, names = name_codes(ops["full_name"])
     return GpuTrace(
-        lo=lo, hi=hi, iterations=its,
+        lo=lo, hi=hi, iterations=len(its_starts), iteration_starts=its_starts,
         ops=Ops(start=start, dur=end - start, stream=stream, kind=kind, gemm=ops["is_gemm"].to_numpy(bool),
                 fusion=_fusion(ops, kind), recomputed=recomputed, offload=offload, launch=launch,
                 launch_lag=lags, stream_gap=gaps, name=name_code),
