@@ -142,7 +142,7 @@ def test_a_requested_fix_is_also_priced_with_the_profiler_kept():
     price = d.replay["requested"]["cuda_graphs"]
     traced = price["traced"]
     assert traced["basis"].endswith("with the profiler kept")
-    assert price["basis"].endswith("without the profiler's cost")
+    assert "without the profiler's cost" in price["basis"] and price["basis"].endswith("HOST_SPEED)")
     assert traced["low_ms"] <= traced["best_ms"] <= traced["high_ms"]
     assert traced["best_ms"] > price["best_ms"] > 0
 
@@ -153,11 +153,17 @@ def test_cuda_graphs_leave_a_dropless_moe_jobs_experts_eager(diagnosis):
     attention or softmax kernel) stays eager at the low and best points, graphed only at the
     high point (full-iteration graphs, static shapes). On the host-bound TP 2 + SP x EP 2 job the
     scoped price is well under the full one; with no EP (the 1-GPU graphs base) nothing is
-    scoped out, so the points differ only by the node gap."""
+    scoped out, so the points differ only by the node gap (the transform's own points: the
+    reported range also holds the host's speed, ``HOST_SPEED``)."""
+    from profclass.fixes import load_table
+    from profclass.replay import run as R
+
     moe = next(f for f in diagnosis("mcore_wrapped_tp2sp_ep2").fixes if f["id"] == "cuda_graphs")
     assert 0 < moe["gain_low_ms"] <= moe["expected_gain_ms"] < 0.75 * moe["gain_high_ms"]
-    one = next(f for f in diagnosis("graphs_base_1gpu").fixes if f["id"] == "cuda_graphs")
-    assert one["expected_gain_ms"] > 0.9 * one["gain_high_ms"]
+    spec = next(f["transform"] for f in load_table() if f["id"] == "cuda_graphs")
+    r = R.Replayer(diagnosis("graphs_base_1gpu").extra.replay_inputs)
+    best, high = (R._graph_gain(r, spec, p, r.untraced, r.untraced_out, r.untraced_stages) for p in ("best", "high"))
+    assert 0 < best <= high and best > 0.9 * high
 
 
 def test_the_expert_phase_is_the_ops_between_dispatch_and_combine():
@@ -208,3 +214,25 @@ def test_the_wall_a_fix_exposes_brings_its_own_fixes_into_the_plan():
     assert plan[0]["id"] == "comm_nvlink_domain" and plan[0]["wall_after"] == "host"
     assert "host" not in {f["wall"] for f in d["fixes"]}
     assert plan[1]["id"] == "host_bigger_launches" and plan[1]["gain_ms"] > plan[0]["gain_ms"] / 2
+
+
+def test_a_host_paced_fixs_range_holds_a_slower_and_a_faster_host(diagnosis):
+    """On a host-paced job (`mcore_ep4_base`) a larger micro-batch gains more where the host is
+    slower and less where it is faster: the range holds both ends of ``HOST_SPEED`` beside the
+    transform's own parameters; on a GPU-paced job (`mcore_gb_ep4_rc_full`, recompute off: no
+    parameter) the host's speed moves it by little, and the range stays near the point."""
+    from profclass.replay import run as R
+    from profclass.replay.constants import HOST_SPEED
+
+    r = R.Replayer(diagnosis("mcore_ep4_base").extra.replay_inputs)
+    table = {"host_bigger_launches": {"transform": {"kind": "fewer_launches", "microbatch_factor": 2,
+                                                     "recovered": [0.75, 1.0, 1.0]}}}
+    (price,) = R.price_requests(r, ("host_bigger_launches",), table).values()
+    at = {f: R._graph_gain(r, table["host_bigger_launches"]["transform"], "best", w, o, st)
+          for f, w, o, st in r.host_variants}
+    assert sorted(at) == sorted(HOST_SPEED)
+    assert at[max(HOST_SPEED)] > price.best_ms > at[min(HOST_SPEED)]
+    assert price.high_ms >= at[max(HOST_SPEED)] - 0.01 and price.low_ms <= at[min(HOST_SPEED)] + 0.01
+    g = R.Replayer(diagnosis("mcore_gb_ep4_rc_full").extra.replay_inputs)
+    (gpu,) = R.price_requests(g, ("recompute_off",), {"recompute_off": {"transform": {"kind": "drop_recomputed"}}}).values()
+    assert gpu.high_ms - gpu.low_ms < 0.05 * gpu.best_ms

@@ -75,3 +75,25 @@ def test_the_hosts_differ_by_more_than_the_first_hosts_own_spread(lines):
     launch, other = _hosts(lines)
     assert min(launch[1:]) > 1.8 * launch[0]
     assert other[1] > 1.5 * other[0]
+
+
+def test_host_speed_is_the_profiler_probes_untraced_spread():
+    """``HOST_SPEED`` by the rule its comment states: the largest ratio between the two untraced
+    runs of one config in the profiler probe (timers/profcost, iterations 5..9), its square root
+    either way, to 0.01."""
+    import math
+    import re
+
+    from profclass.replay.constants import HOST_SPEED
+
+    means = {}
+    with tarfile.open(TIMERS, "r:xz") as tar:
+        for m in tar.getmembers():
+            hit = re.search(r"timers/profcost/pc_(\w+)_u([12])\.log$", m.name)
+            if hit:
+                text = io.TextIOWrapper(tar.extractfile(m), encoding="utf-8").read()
+                steps = {int(a): float(b) for a, b in re.findall(r"STEP_MS it=(\d+) ms=([\d.]+)", text)}
+                means.setdefault(hit.group(1), []).append(statistics.mean(steps[i] for i in range(5, 10)))
+    assert sorted(means) == ["ep4_base", "pp4_m8", "tp2sp_ep2"] and all(len(v) == 2 for v in means.values())
+    ratio = max(max(v) / min(v) for v in means.values())
+    assert HOST_SPEED == (round(math.sqrt(ratio), 2), round(1 / math.sqrt(ratio), 2))

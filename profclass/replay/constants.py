@@ -38,3 +38,13 @@ THREAD_WAIT_NS = 200_000
 # the hosts' mean (other), low and high the hosts' extremes, to 0.1 us; the untraced step takes
 # the best value off each call.
 TRACED_CALL_NS = {"launch": (2_600, 5_200, 7_200), "other": (1_300, 1_700, 2_100)}
+# How much slower (or faster) the host that banks a fix's gain may run than the captured one
+# replayed without the profiler, as a factor on every host call's and CPU gap's time (slow, fast):
+# a fix's range holds its best transform at both ends. The job that banks the gain runs on
+# another machine, or on the same one minutes later, and a host-paced job's step moves with its
+# host. Basis: the profiler probe (timers/profcost: three host-paced Megatron configs of the
+# corpus, each run untraced twice on one 4x H100 machine minutes apart): their steps differed by
+# up to 1.30x (`pp4_m8`, iterations 5..9: 418.8 and 543.1 ms); the range is its square root either
+# way, to 0.01 (tests/test_tracing_cost.py derives it from the logs). On a GPU-paced job the factor
+# moves nothing.
+HOST_SPEED = (1.14, 0.88)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..classify import WALLS
 from . import collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, span, transforms
+from .constants import HOST_SPEED
 from .plan import fix_plan
 from .notes import disagreement, untraced_caveat
 from .trace import GpuTrace
@@ -92,6 +93,19 @@ class Replayer:
     @cached_property
     def untraced_out(self) -> scenario.Outcome:
         return self.replay(self.untraced)
+
+    @cached_property
+    def host_variants(self) -> tuple:
+        """(factor, weights, outcome, stages) with the untraced host's time times each end of
+        ``HOST_SPEED``: a fix's range holds its gain on a host that much slower or faster."""
+        out = []
+        for f in HOST_SPEED:
+            w = [transforms.host_speed(x, f) for x in self.untraced]
+            o = self.replay(w)
+            st = None if self.stages is None else pipeline_schedule.less_host(
+                self.stages, pipelined.stage_saving(self, self.base, o))
+            out.append((f, w, o, st))
+        return tuple(out)
 
     @cached_property
     def untraced_stages(self):
@@ -248,10 +262,11 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
            traced: bool = False) -> dict:
     """Each fix's gain: the step from ``start`` (weights, replayed as ``start_out``) replayed
     with the fix's transform at its low, best and high parameters, against it; the schedule's
-    fixes on the stages without the profiler, or as captured (``traced``)."""
+    fixes on the stages without the profiler, or as captured (``traced``). Without the profiler
+    the range also holds the best transform on the host at each end of ``HOST_SPEED``."""
     prices = {}
     stages = r.stages if traced else r.untraced_stages
-    start_ms = r.step_ms(start_out)
+    variants = () if traced else r.host_variants
     for f in chosen:
         spec = table.get(f["id"], {}).get("transform")
         if spec and f.get("change"):
@@ -261,49 +276,68 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         if spec["kind"] == pipeline_schedule.KIND:
             gains = pipeline_schedule.gains_ms(spec, stages) if r.stages is not None else None
             if gains:
+                spread = [g["best"] for g in (pipeline_schedule.gains_ms(spec, st) for _, _, _, st in variants) if g]
                 prices[f.get("request", f["id"])] = FixPrice(
-                    f["id"], round(min(gains.values()), 2), round(gains["best"], 2), round(max(gains.values()), 2),
-                    f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
-                    f"per-micro-batch work, rest, exchange cost and sync refill ({_describe(spec)}"
-                    + (f"; {pipeline_schedule.balance_note(stages)}" if spec.get("balance") else "")
-                    + pipeline_schedule.overlap_note(spec, stages)
-                    + "), against the schedule "
-                    f"simulated at the captured (p, v, m); " + ("both as traced (the profiler kept)" if traced else
-                    "both without the profiler (each stage's host time less what the graph replay says CUDA "
-                    "tracing added to it)"))
+                    f["id"], round(min(*gains.values(), *spread), 2), round(gains["best"], 2),
+                    round(max(*gains.values(), *spread), 2), _schedule_basis(spec, stages, traced))
             continue
         gains = {}
-        rescheduled = spec["kind"] == "fewer_launches" and r.stages is not None
-        on_schedule = pipelined.takes(r, spec)
         for point in transforms.POINTS:
-            w = transforms.apply(spec, point, r.traces, start, r.ctx)
-            if w is None:
+            g = _graph_gain(r, spec, point, start, start_out, stages)
+            if g is None:
                 break
-            out = r.replay(w)
-            if rescheduled:  # fewer micro-batches: the pipeline's bubble grows (the schedule's, not the graph's)
-                gains[point] = pipelined.bigger_microbatch_ms(r, spec, start_out, out, stages)
-                if gains[point] is None:
-                    break
-            elif on_schedule:  # the fill and drain move with the stages' work (the graph keeps PP waits)
-                gains[point] = pipelined.gain_ms(r, stages, start_out, start_out, out)
-            else:
-                gains[point] = start_ms - r.step_ms(out)
+            gains[point] = g
         if len(gains) < 3:
             continue
-        lo, hi = min(gains.values()), max(gains.values())
-        basis = (f"replay:{spec['kind']}: the captured step replayed with the fix's transform "
-                 f"({_describe(spec) or 'no parameter'}), against the step replayed as captured, both "
-                 + ("with the profiler kept" if traced else "without the profiler's cost"))
-        if rescheduled:
-            basis += ("; on this pipelined job each stage's host time saved per step is fed to Megatron-Core's "
-                      "schedule simulated with micro_batch_factor times fewer, larger micro-batches (the bubble "
-                      "grows), against the schedule at the captured count")
-        if on_schedule:
-            basis += ("; on this pipelined job each stage's saving per step, split between its micro-batches' work "
-                      "and its once-per-step rest by where its timeline shrank, is fed to Megatron-Core's schedule "
-                      "simulated at the captured (p, v, m): the fill and drain shrink with the stages' work")
-        prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2), basis)
+        spread = [g for g in (_graph_gain(r, spec, "best", w, o, st) for _, w, o, st in variants) if g is not None]
+        lo, hi = min(*gains.values(), *spread), max(*gains.values(), *spread)
+        prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
+                                                     _graph_basis(r, spec, traced))
     return prices
+
+
+def _graph_gain(r: Replayer, spec: dict, point: str, start: list, start_out: scenario.Outcome, stages) -> float | None:
+    """ms per step the fix's transform at ``point`` takes off the step replayed from ``start``."""
+    w = transforms.apply(spec, point, r.traces, start, r.ctx)
+    if w is None:
+        return None
+    out = r.replay(w)
+    if spec["kind"] == "fewer_launches" and r.stages is not None:
+        # fewer micro-batches: the pipeline's bubble grows (the schedule's, not the graph's)
+        return pipelined.bigger_microbatch_ms(r, spec, start_out, out, stages)
+    if pipelined.takes(r, spec):  # the fill and drain move with the stages' work (the graph keeps PP waits)
+        return pipelined.gain_ms(r, stages, start_out, start_out, out)
+    return r.step_ms(start_out) - r.step_ms(out)
+
+
+_HOST_RANGE = (f"; the range also holds it with the host's time x{min(HOST_SPEED):g} and x{max(HOST_SPEED):g} "
+               "(the host that banks the gain is not the captured one: HOST_SPEED)")
+
+
+def _schedule_basis(spec: dict, stages, traced: bool) -> str:
+    return (f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
+            f"per-micro-batch work, rest, exchange cost and sync refill ({_describe(spec)}"
+            + (f"; {pipeline_schedule.balance_note(stages)}" if spec.get("balance") else "")
+            + pipeline_schedule.overlap_note(spec, stages)
+            + "), against the schedule "
+            f"simulated at the captured (p, v, m); " + ("both as traced (the profiler kept)" if traced else
+            "both without the profiler (each stage's host time less what the graph replay says CUDA "
+            "tracing added to it)" + _HOST_RANGE))
+
+
+def _graph_basis(r: Replayer, spec: dict, traced: bool) -> str:
+    basis = (f"replay:{spec['kind']}: the captured step replayed with the fix's transform "
+             f"({_describe(spec) or 'no parameter'}), against the step replayed as captured, both "
+             + ("with the profiler kept" if traced else "without the profiler's cost"))
+    if spec["kind"] == "fewer_launches" and r.stages is not None:
+        basis += ("; on this pipelined job each stage's host time saved per step is fed to Megatron-Core's "
+                  "schedule simulated with micro_batch_factor times fewer, larger micro-batches (the bubble "
+                  "grows), against the schedule at the captured count")
+    elif pipelined.takes(r, spec):
+        basis += ("; on this pipelined job each stage's saving per step, split between its micro-batches' work "
+                  "and its once-per-step rest by where its timeline shrank, is fed to Megatron-Core's schedule "
+                  "simulated at the captured (p, v, m): the fill and drain shrink with the stages' work")
+    return basis + ("" if traced else _HOST_RANGE)
 
 
 def _describe(spec: dict) -> str:

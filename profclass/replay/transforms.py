@@ -71,6 +71,12 @@ def untraced(t: GpuTrace, w: Weights, profiler_ns_per_step: float, point: int = 
     return replace(w, c_gap=gap - from_gap, c_dur=np.maximum(w.c_dur - (traced - from_gap), 0))
 
 
+def host_speed(w: Weights, factor: float) -> Weights:
+    """The weights with every host call's own time and the CPU time before it times ``factor``
+    (``HOST_SPEED``: a host that much slower or faster)."""
+    return replace(w, c_gap=(w.c_gap * factor).astype(np.int64), c_dur=(w.c_dur * factor).astype(np.int64))
+
+
 @dataclass(frozen=True)
 class Context:
     """What transforms read beside the traces: each op's collective group and type, each op's
