@@ -183,16 +183,7 @@ def _thread_waits(cs, ce, tid, gap):
     first[1:] = tid[1:] != tid[:-1]
     prev_end = np.where(first, np.iinfo(np.int64).min // 4, np.concatenate([[0], ce[:-1]]))
     cand_dst = np.flatnonzero(first | (gap > THREAD_WAIT_NS))
-    order = np.argsort(ce, kind="stable")
-    ends = ce[order]
-    k = np.searchsorted(ends, cs[cand_dst], side="right") - 1
-    src = np.full(len(cand_dst), -1, np.int64)
-    for back in range(8):  # the latest ends may be this thread's own: step back a few
-        kk = k - back
-        ok = (kk >= 0) & (src < 0)
-        c = order[np.clip(kk, 0, None)]
-        ok &= tid[c] != tid[cand_dst]
-        src = np.where(ok, c, src)
+    src = latest_ended_elsewhere(cs, ce, tid, cand_dst)
     hit = src >= 0
     hit[hit] &= ce[src[hit]] > prev_end[cand_dst[hit]]  # it ended while this thread was idle
     dst, src = cand_dst[hit], src[hit]
@@ -200,6 +191,19 @@ def _thread_waits(cs, ce, tid, gap):
     gap[dst] = 0
     return gap, dict(h_src=src.astype(np.int64), h_dst=dst.astype(np.int64),
                      h_lag=(cs[dst] - ce[src]).astype(np.int64))
+
+
+def latest_ended_elsewhere(cs, ce, tid, dst) -> np.ndarray:
+    """Per call ``dst``: the call of another thread that ended last at or before its start
+    (``ce``: each call's end), -1 where none did among the few latest ends."""
+    order = np.argsort(ce, kind="stable")
+    k = np.searchsorted(ce[order], cs[dst], side="right") - 1
+    src = np.full(len(dst), -1, np.int64)
+    for back in range(8):  # the latest ends may be this thread's own: step back a few
+        kk = k - back
+        c = order[np.clip(kk, 0, None)]
+        src = np.where((kk >= 0) & (src < 0) & (tid[c] != tid[dst]), c, src)
+    return src
 
 
 def _runs(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

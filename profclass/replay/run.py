@@ -102,17 +102,19 @@ class Replayer:
         for f in HOST_SPEED:
             w = [transforms.host_speed(x, f) for x in self.untraced]
             o = self.replay(w)
-            st = None if self.stages is None else pipeline_schedule.less_host(
-                self.stages, pipelined.stage_saving(self, self.base, o))
-            out.append((f, w, o, st))
+            out.append((f, w, o, self._stages_after(o)))
         return tuple(out)
 
     @cached_property
     def untraced_stages(self):
         """The schedule's stages without the profiler: each stage's host time less what the
         untraced replay takes off it."""
+        return self._stages_after(self.untraced_out)
+
+    def _stages_after(self, out: scenario.Outcome):
+        """The captured stages less what the replay ``out`` took off each one's time."""
         return None if self.stages is None else pipeline_schedule.less_host(
-            self.stages, pipelined.stage_saving(self, self.base, self.untraced_out))
+            self.stages, pipelined.stage_saving(self, self.base, out))
 
     def replay(self, weights) -> scenario.Outcome:
         return scenario.run(self.graph, weights)

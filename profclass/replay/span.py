@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .host_calls import latest_ended_elsewhere
 from .trace import Calls, Edges, GpuTrace, Ops
 
 
@@ -128,13 +129,7 @@ def _handoffs(calls: Calls, ops: Ops, src, dst, lag, orphans):
     tgt = np.clip(calls.c_target, 0, None)
     ce = np.where(blocking, ops.start[tgt] + ops.dur[tgt] + calls.c_wake, calls.c_start + calls.c_dur) \
         if len(ops.start) else calls.c_start + calls.c_dur
-    order = np.argsort(ce, kind="stable")
-    k = np.searchsorted(ce[order], calls.c_start[orphans], side="right") - 1
-    new = np.full(len(orphans), -1, np.int64)
-    for back in range(8):  # the latest ends may be the orphan's own thread's: step back a few
-        kk = k - back
-        c = order[np.clip(kk, 0, None)]
-        new = np.where((kk >= 0) & (new < 0) & (calls.c_tid[c] != calls.c_tid[orphans]), c, new)
+    new = latest_ended_elsewhere(calls.c_start, ce, calls.c_tid, orphans)
     ok = new >= 0
     return (np.concatenate([src, new[ok]]), np.concatenate([dst, orphans[ok]]),
             np.concatenate([lag, calls.c_start[orphans[ok]] - ce[new[ok]]]).astype(np.int64))

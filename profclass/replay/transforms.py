@@ -286,8 +286,7 @@ def _host_rate(spec, point, traces, weights, ctx):
     share = _pick(spec.get("recovered", 1.0), point)
     f = 1.0 - share * (1.0 - med / busy[worst])
     out = list(weights)
-    w = weights[worst]
-    out[worst] = replace(w, c_gap=(w.c_gap * f).astype(np.int64), c_dur=(w.c_dur * f).astype(np.int64))
+    out[worst] = host_speed(weights[worst], f)
     return out
 
 
