@@ -22,6 +22,14 @@ LAUNCH_BOUND_SHARE = 0.2  # this share of kernels shorter than their launch: lau
 # below one collection of CPython's oldest generation over a training process's heap (>= 10^6
 # tracked objects at tens of ns each: tens to hundreds of ms); docs/fixes.md, the remove_gc row
 PAUSE_MIN_NS = 20_000_000
+# The host's speed, read from the capture (load.tables.read_host_probe): driver calls that do the
+# same small CPU work on every host and never touch the GPU (PyTorch makes them per kernel
+# launch). Their median own time moves with the host's pace: the same job's host time on two
+# hosts went as theirs (docs/replay.md, "The host's speed"). Below MIN_PROBE_CALLS it is not read.
+MIN_PROBE_CALLS = 100
+# the corpus's captures (lent H100 and H200 hosts): the 10th, 50th and 90th percentile of their
+# probe medians, one per job (tests/test_host_speed.py derives them from the snapshots)
+PROBE_NS_CORPUS = (121, 183, 239)
 
 
 def host_pauses(gaps: np.ndarray, iterations: int) -> np.ndarray:
@@ -74,7 +82,10 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
     rt = gpu.runtime
     in_w = ((rt["start"] < hi) & (rt["end"] > lo)).to_numpy(bool)
     gcr = gpu.nvtx[contains_per_distinct(gpu.nvtx["text"], GC_RANGES)]
+    probe_ns, probes = getattr(prof, "host_probe", None) or (None, 0)
     return HostResult(kernels=int(len(kern)), launch_bound_kernels=int(len(lb)),
+                      probe_call_ns=probe_ns if probes >= MIN_PROBE_CALLS else None,
+                      probe_calls=probes if probe_ns is not None and probes >= MIN_PROBE_CALLS else 0,
                       launch_bound_kernel_ns=int((lb["end"] - lb["start"]).sum()),
                       graph_kernels=int((kern["graph_node"] != 0).sum()),
                       graph_launches=int((in_w & name_matches(rt["name"], GRAPH_LAUNCH)).sum()),
@@ -105,7 +116,9 @@ def numbers(job: Job) -> dict:
     ranks = [walls.get("host", 0) / r.iterations / 1e6 for walls, r in zip(job.walls.gpu_ns, job.records)]
     pp = str(job.flags.get("--pipeline-model-parallel-size", "1"))
     marked = any(r.analysis.host.gc_ns for r in job.records)
+    probes = [r.analysis.host.probe_call_ns for r in job.records if r.analysis.host.probe_call_ns is not None]
     return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns if marked else a.host.pause_ns), gc_marked=marked,
+                probe_call_ns=float(np.median(probes)) if probes else None,
                 host_ms=job.walls_ns["host"] / 1e6,
                 host_rank_ms=ranks if len(ranks) > 1 else None, pp_from_flags=int(pp) if pp.isdigit() else 1)
 
@@ -128,7 +141,21 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
             f"the launching thread's stretches with no CUDA call over its typical longest one by > "
             f"{PAUSE_MIN_NS / 1e6:.0f} ms; most on rank {getattr(worst.gpu, 'rank', i)}: {worst.analysis.host.pause_ns / 1e6:.1f} ms "
             f"in {worst.iterations} steps, a rate a short window cannot pin down"))
+    if numbers["probe_call_ns"] is not None:
+        rows.append(_speed_row(numbers["probe_call_ns"]))
     return rows
+
+
+def _speed_row(ns: float) -> dict:
+    low, mid, high = PROBE_NS_CORPUS
+    where = ("slower than 9 in 10 of them" if ns > high else "faster than 9 in 10 of them" if ns < low
+             else "inside their usual spread")
+    return evidence_row(
+        "host", "the host's speed: a fixed-work driver call (cuKernelGetName), median own time", ns, "ns",
+        f"the corpus's captures' hosts: {low}-{high} ns (10th-90th percentile, median {mid}); this one is {where}. "
+        f"A host-paced step's host time moves with it: its gains and its step without the profiler are priced "
+        f"at this host's pace; on a host at the corpus's median the host's time would be x{mid / ns:.2f} "
+        f"(docs/replay.md, The host's speed)")
 
 
 ANALYZER = Analyzer(name="host", about="launch-bound kernels, CUDA graphs, garbage collection",

@@ -40,7 +40,7 @@ from .events import read_sync_events
 from .schema import Schema, column_or, pid_expr, string_table
 from .tables import (NVTX_EMPTY, no_runtime_rows, nvtx_empty, read_kernels,
                      no_memcpy_rows, read_memcpy, read_memset, read_meta, read_nvtx,
-                     read_nvtx_by_process,
+                     read_host_probe, read_nvtx_by_process,
                      read_runtime, read_runtime_by_process, split_by_pid)
 from .transport import BUSY_TIMEOUT_S, LOADER, SQLITE_FAILURES, connect_readonly, release_memory, sqlite_problem
 
@@ -61,6 +61,7 @@ def load(path: str, api_names: re.Pattern | None = None) -> RawProfile:
             prof = RawProfile(path=path, **frames, gpus=read_gpus(con, schema, missing),
                               gpu_metrics=read_gpu_metrics(con, schema, missing), missing=missing)
             read_meta(con, schema, prof)
+            prof.host_probe = read_host_probe(con, schema, strings)
         except SQLITE_FAILURES as exc:
             raise ProfileError(path, sqlite_problem(exc)) from None
         return prof
@@ -273,6 +274,7 @@ def _shared(con, schema: Schema, strings: str | None, path: str, rows: list) -> 
     if nvtx_empty(con, schema, strings):  # a pass sees only its own process's ranges
         shared.missing.append(NVTX_EMPTY)
     read_meta(con, schema, shared)
+    shared.host_probe = read_host_probe(con, schema, strings)
     return shared
 
 
@@ -281,7 +283,7 @@ def _with_shared(shared: RawProfile, frames: dict, missing: list[str]) -> RawPro
     prof = RawProfile(path=shared.path, **{k: frames.pop(k) for k in list(frames)}, gpus=shared.gpus,
                       gpu_metrics=shared.gpu_metrics,
                       command=list(shared.command), env=dict(shared.env), nsys_version=shared.nsys_version,
-                      session_start_ns=shared.session_start_ns,
+                      session_start_ns=shared.session_start_ns, host_probe=shared.host_probe,
                       missing=missing + [m for m in shared.missing if m not in missing],
                       file_devices=shared.kernels)
     return prof

@@ -30,6 +30,8 @@ class RawProfile:
     file_devices: pd.DataFrame | None = None
     # CUDA event records and synchronisations (the replay's cross-stream and host-wait edges)
     sync_events: pd.DataFrame | None = None
+    # (median own time ns, calls read) of the host's fixed-work driver calls (``read_host_probe``)
+    host_probe: tuple | None = None
 
 
 def empty_frame(cols: dict[str, str]) -> pd.DataFrame:

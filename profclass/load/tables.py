@@ -377,6 +377,29 @@ def _nvtx_sql(s: Schema, strings: str | None, missing: list, pid: int | None) ->
             f"{et}{end} IS NOT NULL AND {end} >= n.start")
 
 
+# the host's speed (analyzers/host.py): a driver call of fixed CPU work that PyTorch makes once per
+# kernel launch (cuKernelGetAttribute's count varies with the job, so it is not mixed in); this
+# many are enough for a stable median
+PROBE_CALL_NAMES = ("cuKernelGetName",)
+PROBE_CALLS_READ = 50_000
+
+
+def read_host_probe(con, s: Schema, strings: str | None) -> tuple | None:
+    """(median own time in ns, calls read) of the export's ``PROBE_CALL_NAMES`` calls, every
+    process's, at most ``PROBE_CALLS_READ`` of them: a host property, not a window's."""
+    T = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if not strings or not s.has(T, "start", "end", "nameId"):
+        return None
+    names = ",".join("?" * len(PROBE_CALL_NAMES))
+    ids = [i for (i,) in con.execute(f"SELECT id FROM {strings} WHERE value IN ({names})", PROBE_CALL_NAMES)]
+    if not ids:
+        return None
+    own = np.fromiter((d for (d,) in con.execute(
+        f"SELECT end - start FROM {s.t(T)} WHERE nameId IN ({','.join(map(str, map(int, ids)))}) "
+        f"AND end >= start LIMIT {PROBE_CALLS_READ}")), np.int64)
+    return (int(np.median(own)), int(len(own))) if len(own) else None
+
+
 def read_meta(con, s: Schema, prof: RawProfile) -> None:
     if s.has("META_DATA_CAPTURE", "name", "value"):
         args: dict[int, str] = {}
