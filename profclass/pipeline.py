@@ -19,6 +19,7 @@ import pandas as pd
 
 from . import analyzers, classify, config, fixes, pitfalls
 from .analyzers import GpuRecord, Job, iterations, layout_stage, matching, memory, pipeline_bubbles, stragglers
+from .analyzers import host as host_analyzer
 from .clocks import align_clocks
 from .contract import stamp
 from .errors import ProfileError
@@ -289,7 +290,7 @@ def _replay_inputs(job: Job, gpus) -> replay_run.ReplayInputs:
         step_ns=tuple(r.analysis.window.window_ns / r.iterations for r in job.records),
         profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records),
         microbatches=job.layout.size("microbatches") if job.layout else None,
-        pipeline=job.pipeline)
+        pipeline=job.pipeline, host_probe_ns=host_analyzer.job_probe_ns(job.records))
 
 
 def _kernel_names(records) -> pd.Series | None:

@@ -112,13 +112,18 @@ GAINS = {"gc": lambda n: removed("gc", min(n["gc_ms"], n["host_ms"]), "garbage-c
                                   else "host pauses outside the steps' rhythm (no GC ranges in the profile)"),
          "host_spread": _host_spread}
 
+def job_probe_ns(records) -> float | None:
+    """The job's host probe: the median over its GPUs' exports (None where none was read)."""
+    probes = [r.analysis.host.probe_call_ns for r in records if r.analysis.host.probe_call_ns is not None]
+    return float(np.median(probes)) if probes else None
+
+
 def numbers(job: Job) -> dict:
     ranks = [walls.get("host", 0) / r.iterations / 1e6 for walls, r in zip(job.walls.gpu_ns, job.records)]
     pp = str(job.flags.get("--pipeline-model-parallel-size", "1"))
     marked = any(r.analysis.host.gc_ns for r in job.records)
-    probes = [r.analysis.host.probe_call_ns for r in job.records if r.analysis.host.probe_call_ns is not None]
     return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns if marked else a.host.pause_ns), gc_marked=marked,
-                probe_call_ns=float(np.median(probes)) if probes else None,
+                probe_call_ns=job_probe_ns(job.records),
                 host_ms=job.walls_ns["host"] / 1e6,
                 host_rank_ms=ranks if len(ranks) > 1 else None, pp_from_flags=int(pp) if pp.isdigit() else 1)
 

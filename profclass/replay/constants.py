@@ -46,5 +46,6 @@ TRACED_CALL_NS = {"launch": (2_600, 5_200, 7_200), "other": (1_300, 1_700, 2_100
 # corpus, each run untraced twice on one 4x H100 machine minutes apart): their steps differed by
 # up to 1.30x (`pp4_m8`, iterations 5..9: 418.8 and 543.1 ms); the range is its square root either
 # way, to 0.01 (tests/test_tracing_cost.py derives it from the logs). On a GPU-paced job the factor
-# moves nothing.
+# moves nothing. Where the capture's host probe is read the range reaches the corpus's hosts
+# (run.host_range), never narrower than this.
 HOST_SPEED = (1.14, 0.88)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..classify import WALLS
 from . import collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, span, transforms
+from ..analyzers.host import PROBE_NS_CORPUS
 from .constants import HOST_SPEED
 from .plan import fix_plan
 from .notes import disagreement, untraced_caveat
@@ -31,6 +32,7 @@ class ReplayInputs:
     profiler_ns_per_step: tuple  # per GPU: host time the profiler's op ranges add (profiler analyzer)
     microbatches: int | None = None  # per step (the layout's), None where unknown
     pipeline: object = None  # the pipeline analyzer's PipelineResult (stages, sizes, per-stage times)
+    host_probe_ns: float | None = None  # the host's speed (analyzers/host.py: the probe's median), None unread
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,16 @@ class Replayer:
         return self.replay(self.untraced)
 
     @cached_property
+    def host_factors(self) -> tuple:
+        """The untraced host's time at each end of a fix's range (``host_range``)."""
+        return host_range(self.inp.host_probe_ns)
+
+    @cached_property
     def host_variants(self) -> tuple:
-        """(factor, weights, outcome, stages) with the untraced host's time times each end of
-        ``HOST_SPEED``: a fix's range holds its gain on a host that much slower or faster."""
+        """(factor, weights, outcome, stages) with the untraced host's time times each of
+        ``host_factors``: a fix's range holds its gain on a host that much slower or faster."""
         out = []
-        for f in HOST_SPEED:
+        for f in self.host_factors:
             w = [transforms.host_speed(x, f) for x in self.untraced]
             o = self.replay(w)
             out.append((f, w, o, self._stages_after(o)))
@@ -281,7 +288,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
                 spread = [g["best"] for g in (pipeline_schedule.gains_ms(spec, st) for _, _, _, st in variants) if g]
                 prices[f.get("request", f["id"])] = FixPrice(
                     f["id"], round(min(*gains.values(), *spread), 2), round(gains["best"], 2),
-                    round(max(*gains.values(), *spread), 2), _schedule_basis(spec, stages, traced))
+                    round(max(*gains.values(), *spread), 2), _schedule_basis(spec, stages, traced, _host_note(r)))
             continue
         gains = {}
         for point in transforms.POINTS:
@@ -312,11 +319,26 @@ def _graph_gain(r: Replayer, spec: dict, point: str, start: list, start_out: sce
     return r.step_ms(start_out) - r.step_ms(out)
 
 
-_HOST_RANGE = (f"; the range also holds it with the host's time x{min(HOST_SPEED):g} and x{max(HOST_SPEED):g} "
-               "(the host that banks the gain is not the captured one: HOST_SPEED)")
+def host_range(probe_ns: float | None) -> tuple:
+    """(slower, faster) factors on the host's time: the corpus's hosts at the 90th and 10th
+    percentile of the probe against this capture's (``PROBE_NS_CORPUS``), and at least one
+    machine's own drift either way (``HOST_SPEED``); ``HOST_SPEED`` where the probe is unread."""
+    if not probe_ns:
+        return HOST_SPEED
+    fast, _, slow = PROBE_NS_CORPUS
+    return round(max(HOST_SPEED[0], slow / probe_ns), 2), round(min(HOST_SPEED[1], fast / probe_ns), 2)
 
 
-def _schedule_basis(spec: dict, stages, traced: bool) -> str:
+def _host_note(r: Replayer) -> str:
+    slow, fast = r.host_factors
+    why = ("HOST_SPEED: one machine's drift; no host probe read" if not r.inp.host_probe_ns else
+           f"the corpus's hosts at the 10th and 90th percentile of the host probe against this one's "
+           f"{r.inp.host_probe_ns:.0f} ns, at least HOST_SPEED either way")
+    return (f"; the range also holds it with the host's time x{fast:g} and x{slow:g} (the host that banks "
+            f"the gain is not the captured one: {why})")
+
+
+def _schedule_basis(spec: dict, stages, traced: bool, host_note: str) -> str:
     return (f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
             f"per-micro-batch work, rest, exchange cost and sync refill ({_describe(spec)}"
             + (f"; {pipeline_schedule.balance_note(stages)}" if spec.get("balance") else "")
@@ -324,7 +346,7 @@ def _schedule_basis(spec: dict, stages, traced: bool) -> str:
             + "), against the schedule "
             f"simulated at the captured (p, v, m); " + ("both as traced (the profiler kept)" if traced else
             "both without the profiler (each stage's host time less what the graph replay says CUDA "
-            "tracing added to it)" + _HOST_RANGE))
+            "tracing added to it)" + host_note))
 
 
 def _graph_basis(r: Replayer, spec: dict, traced: bool) -> str:
@@ -339,7 +361,7 @@ def _graph_basis(r: Replayer, spec: dict, traced: bool) -> str:
         basis += ("; on this pipelined job each stage's saving per step, split between its micro-batches' work "
                   "and its once-per-step rest by where its timeline shrank, is fed to Megatron-Core's schedule "
                   "simulated at the captured (p, v, m): the fill and drain shrink with the stages' work")
-    return basis + ("" if traced else _HOST_RANGE)
+    return basis + ("" if traced else _host_note(r))
 
 
 def _describe(spec: dict) -> str:
