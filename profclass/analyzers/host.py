@@ -82,10 +82,10 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
     rt = gpu.runtime
     in_w = ((rt["start"] < hi) & (rt["end"] > lo)).to_numpy(bool)
     gcr = gpu.nvtx[contains_per_distinct(gpu.nvtx["text"], GC_RANGES)]
-    probe_ns, probes = getattr(prof, "host_probe", None) or (None, 0)
+    probe_ns, probes = prof.host_probe or (None, 0)
+    read = probes >= MIN_PROBE_CALLS
     return HostResult(kernels=int(len(kern)), launch_bound_kernels=int(len(lb)),
-                      probe_call_ns=probe_ns if probes >= MIN_PROBE_CALLS else None,
-                      probe_calls=probes if probe_ns is not None and probes >= MIN_PROBE_CALLS else 0,
+                      probe_call_ns=probe_ns if read else None, probe_calls=probes if read else 0,
                       launch_bound_kernel_ns=int((lb["end"] - lb["start"]).sum()),
                       graph_kernels=int((kern["graph_node"] != 0).sum()),
                       graph_launches=int((in_w & name_matches(rt["name"], GRAPH_LAUNCH)).sum()),

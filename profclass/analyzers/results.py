@@ -74,7 +74,7 @@ class HostResult:
     graph_launches: int = 0
     gc_ns: int = 0  # inside NVTX ranges named like garbage collection
     pause_ns: int = 0  # without such ranges: the launching thread's pauses (host.host_pauses)
-    probe_call_ns: int | None = None  # median own time of the fixed-work driver calls (host.PROBE_CALLS)
+    probe_call_ns: int | None = None  # median own time of the fixed-work driver call (load.tables.PROBE_CALL_NAMES)
     probe_calls: int = 0
 
 

@@ -272,7 +272,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
     """Each fix's gain: the step from ``start`` (weights, replayed as ``start_out``) replayed
     with the fix's transform at its low, best and high parameters, against it; the schedule's
     fixes on the stages without the profiler, or as captured (``traced``). Without the profiler
-    the range also holds the best transform on the host at each end of ``HOST_SPEED``."""
+    the range also holds the best transform on the host at each of ``Replayer.host_factors``."""
     prices = {}
     stages = r.stages if traced else r.untraced_stages
     variants = () if traced else r.host_variants

@@ -73,7 +73,7 @@ def untraced(t: GpuTrace, w: Weights, profiler_ns_per_step: float, point: int = 
 
 def host_speed(w: Weights, factor: float) -> Weights:
     """The weights with every host call's own time and the CPU time before it times ``factor``
-    (``HOST_SPEED``: a host that much slower or faster)."""
+    (a host that much slower or faster: ``run.host_range``)."""
     return replace(w, c_gap=(w.c_gap * factor).astype(np.int64), c_dur=(w.c_dur * factor).astype(np.int64))
 
 
