@@ -294,7 +294,7 @@ def test_the_applied_fix_is_priced_as_diagnose_prices_it_with_and_without_the_pr
 def test_an_interleaved_schedules_p2p_mode_change_applies_the_overlap_fix():
     """Batched -> overlapped P2P on an interleaved job is the ``pp_overlap_p2p`` fix, read off the
     pipeline analyzer's mode where no flag says it (a config file's switch: probe 26b's pair,
-    fixtures/notes.md, twenty-fifth session, whose exports are not committed); the mode of a 1F1B
+    docs/notes.md, twenty-fifth session, whose exports are not committed); the mode of a 1F1B
     job (VPP 1, whose calls are batched) is no setting, so 1F1B -> interleaved is not it."""
     from types import SimpleNamespace
 

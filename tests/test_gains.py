@@ -45,7 +45,7 @@ def test_pairs_name_real_fixes_and_profiles():
 
 
 # issue 30's pairs whose share-model range does not hold the realized gain (docs/fixes.md says
-# why; what was registered for them is the replay's prediction, judged in fixtures/notes.md)
+# why; what was registered for them is the replay's prediction, judged in docs/notes.md)
 UNCOVERED = {"fp8_base_1gpu", "grouped_base_1gpu", "gc_base_1gpu", "graphs2_base_1gpu", "fp82_base_1gpu",
              "gc2_base_1gpu",
              # its 4 -> 16 micro-batch pair: the share model prices a doubling (the replay takes the pair's factor)
@@ -105,7 +105,7 @@ def test_held_out_gpu_bound_pairs_meet_the_target(rows):
 
 
 def test_held_out_dense_pairs(rows):
-    """Predicted before they ran (fixtures/notes.md), judged on their untraced reruns: DP
+    """Predicted before they ran (docs/notes.md), judged on their untraced reruns: DP
     overlap on TP x DP, VPP on TP x PP and twice the micro-batches all meet the target (the
     last missed in the traced window, on a host-perturbed base rerun)."""
     dense = {r["pair"]["candidate"]: r for r in rows
@@ -323,7 +323,7 @@ def test_gain_text_without_a_step_share():
 
 
 def test_moving_imbalance_held_out_pair(rows):
-    """Predicted before it ran (fixtures/notes.md): force-balanced routing on moe_train's
+    """Predicted before it ran (docs/notes.md): force-balanced routing on moe_train's
     learned-router job realizes what the EP work spread predicts."""
     (r,) = [r for r in rows if r["pair"]["candidate"] == "compute_4gpu_forcebalance"]
     assert r["ok"] and r["untraced"] and r["traced"] is None
@@ -407,12 +407,12 @@ def _rows_with_fix(section: str) -> list[str]:
 
 
 def test_registered_predictions_are_the_ones_committed_before_their_run():
-    """Each pair's registered_prediction is the row of the fixtures/notes.md section its
-    ``registered`` names ("fixtures/notes.md: Call 2 predictions"), committed before the pair's
+    """Each pair's registered_prediction is the row of the docs/notes.md section its
+    ``registered`` names ("docs/notes.md: Call 2 predictions"), committed before the pair's
     candidate ran: best [low, high], as printed there. A base is named there as the capture was
     before its import ("graphs2_base" for graphs2_base_1gpu; the name its corpus command ends
     with, "w_pp2_rc_m2" for mcore_wrapped_pp2_rc_m2)."""
-    notes = (ROOT / "fixtures" / "notes.md").read_text()
+    notes = (ROOT / "docs" / "notes.md").read_text()
     registered = [p for p in gain_pairs.corpus()["gain_pair"] if p.get("registered_prediction")]
     assert len(registered) >= 11
     commands = {q["name"]: q["command"] for q in gain_pairs.corpus()["profile"]}

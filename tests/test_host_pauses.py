@@ -42,7 +42,7 @@ def _gpu(name: str, tmp_path):
 
 def test_the_unmarked_pauses_of_a_collecting_job_are_its_collectors_own_ranges(tmp_path):
     """gc_base_1gpu marks each collection with an NVTX range from gc.callbacks (the workload's
-    own, fixtures/notes.md): read without those ranges, the pauses found are that time."""
+    own, docs/notes.md): read without those ranges, the pauses found are that time."""
     g = _gpu("gc_base_1gpu", tmp_path)
     lo, hi = g.window
     gc = g.nvtx[g.nvtx["text"].astype(str).str.contains(re.compile(r"\bgc\b"))]

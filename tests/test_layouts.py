@@ -581,7 +581,7 @@ def test_overlapped_p2p_neighbours_are_a_pipeline_not_ep_pairs():
     """Overlapped P2P (torch's isend/irecv: a communicator, so a stream and a bucket, per
     neighbour) on a flagless PP 4 x VPP 2 job gives each rank one mutual pair per neighbour; read
     as EP cliques they made EP 2 and left PP null. The SendRecv buckets of probe 26b's capture
-    (fixtures/notes.md, twenty-fifth session; not committed): cliques that share a rank are a
+    (docs/notes.md, twenty-fifth session; not committed): cliques that share a rank are a
     chain, so no EP; rank 3's wrap bucket also names rank 1 (a coincidence of their ends that
     rank 1 does not return), so all edges fit no one stride, and the mutual ones give PP 4."""
     from profclass.analyzers.layout_infer import _classify, pp_size

@@ -104,7 +104,7 @@ def test_no_memory_wall_to_remove_where_the_analyzer_found_none(snap):
 @pytest.mark.parametrize("snap", DIAGNOSES, ids=lambda p: p.stem)
 def test_a_host_paced_multi_rank_report_says_its_untraced_step_is_likely_high(snap):
     """The untraced step removes CUDA tracing's per-call cost only, which on host-paced 4-rank
-    Megatron jobs was a tenth of what tracing cost them (fixtures/notes.md): such a report says
+    Megatron jobs was a tenth of what tracing cost them (docs/notes.md): such a report says
     so in missing[], with the share it did remove; other reports do not."""
     d = json.loads(snap.read_text())
     if not d["replay"]:

@@ -38,7 +38,7 @@ def test_each_kernel_is_read_by_its_full_name_into_the_flag_that_fuses_it():
 
 
 def test_a_compiled_kernel_is_a_fusion_already():
-    # Inductor's kernels for Megatron's compiled SwiGLU (call K's traced candidate, fixtures/notes.md)
+    # Inductor's kernels for Megatron's compiled SwiGLU (call K's traced candidate, docs/notes.md)
     compiled = pd.Series(["triton_poi_fused_mul_silu_split_0", "triton_poi_fused_add_cat_mul_rsub_sigmoid_silu_split_1"])
     assert fusion_codes(compiled).tolist() == [0, 0]
 

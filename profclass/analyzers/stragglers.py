@@ -120,7 +120,7 @@ def _balance(n: dict) -> Gain:
                     f"{waited:.1f} ms/step the ranks wait for their EP peers")
     # high: up to all the ranks' waiting for their EP peers, as above. A straggler that the traced
     # window calls host-late can be host-late only under tracing (it slows the host 5-20%); without
-    # the profiler the same waits follow routing (fixtures/notes.md: mcore_ep4_unbalanced realized
+    # the profiler the same waits follow routing (docs/notes.md: mcore_ep4_unbalanced realized
     # 76 ms/step untraced against 30 traced)
     host_late = n["straggler_reason"] == "host"
     waited = (n.get("ep_wait_ms") or 0.0) if host_late else 0.0

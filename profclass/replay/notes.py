@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def untraced_caveat(untraced: float, measured: float) -> str:
     """What the step without the profiler leaves out on a host-paced multi-rank job (measured:
-    fixtures/notes.md, "The profiler's cost inside a Megatron job")."""
+    docs/notes.md, "The profiler's cost inside a Megatron job")."""
     return (f"replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step "
             f"({100 * (1 - untraced / measured):.0f}%); host-paced 4-rank Megatron jobs ran 13-37% slower traced "
             f"than untraced on one machine, most of it not per call, so the step without the profiler is "

@@ -90,7 +90,7 @@ def step_ns(st: Stages, v: int, m: int, x: float, work=None, p2p: str | None = N
 def sync_refill(st: Stages, calls: np.ndarray) -> np.ndarray:
     """Per stage, ns per batched call: the GPU idle its device sync leaves beyond the host's gap
     to the next kernel that ``x`` already counts (the stage's measured sync idle over its calls;
-    a chunk of fewer layers pays it whole: call V, fixtures/notes.md)."""
+    a chunk of fewer layers pays it whole: call V, docs/notes.md)."""
     if st.sync_idle is None or not len(st.gaps):
         return np.zeros(st.p)
     return np.clip(st.sync_idle / np.maximum(calls * st.m, 1) - float(np.median(st.gaps)), 0, None)

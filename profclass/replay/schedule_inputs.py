@@ -203,7 +203,7 @@ def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:
     ce = np.maximum.accumulate(s + t.ops.dur)
     idle_from, idle_to = ce[:-1], s[1:]  # ops are sorted by start
     # a refill stretch ends at an op the host had not launched when the GPU ran dry; where the op
-    # was already queued, the GPU waited for something else (probes 25 and 25b, fixtures/notes.md: 510 us
+    # was already queued, the GPU waited for something else (probes 25 and 25b, docs/notes.md: 510 us
     # after every softmax backward, alike batched and overlapped, its next kernel queued 4 and 68 ms
     # ahead), which the syncs do not cause. Ops with no launch call in the window count as refill
     li = t.ops.launch[1:]
