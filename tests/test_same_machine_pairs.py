@@ -1,0 +1,84 @@
+"""The thirtieth session's calls AP-AS (docs/notes.md), judged again from their packed timer logs
+(fixtures/timers.tar.xz, timers/s30/) by fixtures/workloads/judge_pairs.py's rule. Each pair's
+base, candidate and price are read from the notebook's registration rows (AR, AS: prices
+committed before the run) or from the prices the call wrote on its machine (AP, AQ), never from
+the outcome tables, so what the notebook reports is recomputed here from the logs. The bases of
+these pairs are not committed (fixtures/ is at its limit), so the prices themselves are not."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+import pytest
+
+from conftest import ROOT
+
+
+def _module(name: str, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gain_pairs = _module("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
+judge_pairs = _module("judge_pairs", ROOT / "fixtures" / "workloads" / "judge_pairs.py")
+S30 = "fixtures/timers/s30/"
+ROW = re.compile(r"^\| (A[PQRS]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+PRICE = re.compile(r"\| (-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\] \|")
+
+
+def _read(name: str) -> str | None:
+    try:
+        return gain_pairs.timer_text(S30 + name)
+    except FileNotFoundError:
+        return None
+
+
+def _registration(call: str) -> str:
+    notes = (ROOT / "docs" / "notes.md").read_text()
+    heading = next(h for h in re.findall(r"^### (Call .*)$", notes, re.M) if h.startswith(f"Call {call}:"))
+    return notes.split(f"### {heading}")[1].split("\n### ")[0]
+
+
+def _judged(call: str) -> list[dict]:
+    """The call's pairs as registered, judged from the logs (steady iterations 10..30)."""
+    rows = ROW.findall(_registration(call))
+    assert rows, call
+    prefix = call.lower()
+    if call in ("AP", "AQ"):  # priced on the machine, in the call
+        prices = {p["label"]: p for p in json.loads(_read(f"{prefix}_prices.json"))["pairs"]}
+    else:
+        prices = {}
+        for label, _, _, rest in rows:
+            best, low, high = map(float, PRICE.search("|" + rest).groups())
+            prices[label] = {"best_ms": best, "low_ms": low, "high_ms": high}
+    specs = [f"{label}={prefix}:{base}:{cand}" for label, base, cand, _ in rows]
+    return judge_pairs.judge_call(prices, _read, 10, 30, specs)
+
+
+@pytest.mark.parametrize("call, measured, in_range, within", [
+    ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1)])
+def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
+    judged = [j for j in _judged(call) if j.get("measured")]
+    assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
+        (measured, in_range, within)
+
+
+@pytest.mark.parametrize("call", ["AP", "AQ"])
+def test_in_call_prices_were_written_before_the_first_twin_started(call):
+    """same_machine_pairs.sh prices the bases between their capture and the twins: the prices'
+    UTC time precedes every untraced run's start stamp in the call's own log."""
+    prefix = call.lower()
+    written = json.loads(_read(f"{prefix}_prices.json"))["written_utc"].replace("+00:00", "Z")
+    starts = re.findall(rf"^== {prefix}_\w+_u[12] rc=0 \S+ start=(\S+)", _read(f"{prefix}_run.log"), re.M)
+    assert len(starts) >= 10
+    assert all(written <= s for s in starts), (written, min(starts))
+
+
+def test_a_run_that_did_not_finish_leaves_its_pair_unmeasured():
+    price = {"best_ms": 1.0, "low_ms": 0.0, "high_ms": 2.0}
+    assert judge_pairs.judge(price, [100.0, None], [99.0, 99.0]) == {"measured": False, "why": "a run did not finish"}
+    j = judge_pairs.judge(price, [100.0, 106.0], [99.0, 99.0])
+    assert not j["measured"] and j["apart"][0] == pytest.approx(0.06)
