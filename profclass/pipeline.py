@@ -19,7 +19,6 @@ import pandas as pd
 
 from . import analyzers, classify, config, fixes, pitfalls
 from .analyzers import GpuRecord, Job, iterations, layout_stage, matching, memory, pipeline_bubbles, stragglers
-from .analyzers import host as host_analyzer
 from .clocks import align_clocks
 from .contract import stamp
 from .errors import ProfileError
@@ -254,7 +253,7 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, flags, out.numbers, step_ms=job.step_ms)
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     undo = pitfalls.undoing_fixes(found)
-    inp = _replay_inputs(job, gpus)
+    inp = _replay_inputs(job, gpus, out.numbers["probe_call_ns"])
     # every wall's fixes that apply: a pitfall's fix may enter the plan, and a wall's fixes join
     # it once a step leaves that wall the largest
     every_wall = fixes.select(list(classify.WALLS), facts, flags, out.numbers, step_ms=job.step_ms)
@@ -281,16 +280,17 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
         **out.sections)
 
 
-def _replay_inputs(job: Job, gpus) -> replay_run.ReplayInputs:
+def _replay_inputs(job: Job, gpus, host_probe_ns: float | None) -> replay_run.ReplayInputs:
     """The replay stage's inputs: the job's per-GPU traces (on the job's clock), its
-    collectives' groups, its measured steps (profclass.replay)."""
+    collectives' groups, its measured steps, the host's speed (the host analyzer's probe)
+    (profclass.replay)."""
     return replay_run.ReplayInputs(
         traces=tuple(replace(g.replay_trace, shift_ns=g.shift_ns) for g in gpus),
         comm_kernels=tuple(job.comm.kernels), members=tuple(job.comm.members), ranks=tuple(g.rank for g in gpus),
         step_ns=tuple(r.analysis.window.window_ns / r.iterations for r in job.records),
         profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records),
         microbatches=job.layout.size("microbatches") if job.layout else None,
-        pipeline=job.pipeline, host_probe_ns=host_analyzer.job_probe_ns(job.records))
+        pipeline=job.pipeline, host_probe_ns=host_probe_ns)
 
 
 def _kernel_names(records) -> pd.Series | None:
