@@ -39,6 +39,11 @@ SOURCE_PREFERENCE = ["nvtx", "periodicity", "job", "whole"]
 PERIOD_CV = 0.15  # bursts of one kernel name this regular (std/mean of spacing) mark a period
 PERIOD_TOL = 0.05  # two periods within this fraction are the same step (run-to-run jitter)
 MIN_STEADY = 3  # fewer steady steps than this: the window is weak (no spread, warm-up unsure)
+# a step repeats one program, so every whole period between two marks launches the same kernels
+# (the corpus's: equal counts); a head or tail period with fewer than this x the fewest of a whole
+# one lost the rest to the capture's start or end, however long it looks (PyTorch skips a kernel
+# on an empty tensor: the 1% is room for an expert with no tokens)
+WHOLE_PERIOD_KERNELS = 0.99
 
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> WindowResult:
@@ -152,22 +157,32 @@ def periodic_iterations(gpu: GpuTimeline, period: float | None = None) -> pd.Dat
 
 
 def _steps_from_marks(gpu: GpuTimeline, period: float, bursts: np.ndarray) -> pd.DataFrame:
-    """Iterations starting at each mark; a partial tail or head counts only if about one
-    period long (a capture cut at an iteration boundary)."""
+    """Iterations starting at each mark; the stretch before the first mark (head) or after the
+    last (tail) counts only if it is a whole one: about one period long and with a whole
+    period's kernels (``WHOLE_PERIOD_KERNELS``; a capture cut at an iteration boundary)."""
     k = gpu.ops.loc[(gpu.ops["op"] == "kernel").to_numpy(), ["start", "end"]]
+    starts = np.sort(k["start"].to_numpy())
+    at_mark = np.searchsorted(starts, bursts)
+    per_period = np.diff(at_mark)  # kernels of each whole period between two marks
+    whole = WHOLE_PERIOD_KERNELS * per_period.min() if per_period.size else 0.0
     it_start = bursts
     it_end = np.r_[bursts[1:], bursts[-1] + period]
     last_end = k["end"].max()
     tail = last_end - bursts[-1]
-    if not (0.85 * period <= tail <= 1.15 * period):
+    tail_cut = not (0.85 * period <= tail <= 1.15 * period) or len(starts) - at_mark[-1] < whole
+    if tail_cut:
         it_start, it_end = it_start[:-1], it_end[:-1]
     head = bursts[0] - k["start"].min()
-    if 0.85 * period <= head <= 1.15 * period:
+    if 0.85 * period <= head <= 1.15 * period and at_mark[0] >= whole:
         it_start = np.r_[k["start"].min(), it_start]
         it_end = np.r_[bursts[0], it_end]
     it_end = np.minimum(it_end, last_end)
+    # the last whole period ends the capture only where no cut tail follows it (``mark_steady``'s
+    # teardown test is for the capture's last stretch, not for a slow step before it)
+    ends_capture = np.zeros(len(it_start), bool)
+    ends_capture[-1:] = not tail_cut
     return pd.DataFrame({"start": it_start.astype(np.int64), "end": it_end.astype(np.int64),
-                         "label": [f"period {i}" for i in range(len(it_start))]})
+                         "label": [f"period {i}" for i in range(len(it_start))], "ends_capture": ends_capture})
 
 
 def mark_steady(its: pd.DataFrame, open_end: bool = False) -> pd.DataFrame:
@@ -201,8 +216,9 @@ def mark_steady(its: pd.DataFrame, open_end: bool = False) -> pd.DataFrame:
                 break
         # the last iteration often ends with a sync/teardown tail (cudaProfilerStop's flush):
         # judge it alone, against the other steady steps (a reference that held it would let
-        # a 1.33x last step through)
-        if steady[-1] and steady.sum() > 2 and dur[-1] > WARMUP_FACTOR * np.median(dur[steady][:-1]):
+        # a 1.33x last step through); only where it is the capture's last stretch
+        ends_capture = bool(its["ends_capture"].iloc[-1]) if "ends_capture" in its else True
+        if steady[-1] and ends_capture and steady.sum() > 2 and dur[-1] > WARMUP_FACTOR * np.median(dur[steady][:-1]):
             steady[-1] = False
     its["steady"] = steady
     its["index"] = np.arange(len(its))

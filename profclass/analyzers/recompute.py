@@ -182,7 +182,11 @@ def forward_passes(compute_ops: pd.DataFrame, step_starts: np.ndarray) -> tuple[
     last = np.r_[step_of[has][1:] != step_of[has][:-1], True]
     middle = has[~first & ~last]
     # with one or two forwards a step (PP = 1, few micro-batches: F B F B) there is no middle
-    # stretch, and no warm-up to merge forwards either: every stretch with fwd kernels is one
-    unit = float(np.median(fwd[middle] if middle.size else fwd[has]))
+    # stretch, and no warm-up to merge forwards either: every stretch with fwd kernels is one.
+    # The stretch that holds the median fwd kernel: a bwd-side kernel inside a forward (the
+    # loss's) splits it into a long stretch and a short one (52 and 5 kernels a pass on
+    # mcore_rc_none_ample), whose plain median is half a forward
+    sizes = np.sort(fwd[middle] if middle.size else fwd[has])
+    unit = float(sizes[np.searchsorted(np.cumsum(sizes), 0.5 * sizes.sum())])
     longest = float(np.median([fwd[has][step_of[has] == k].max() for k in np.unique(step_of[has])]))
     return is_fwd.sum() / steps / unit, longest / unit
