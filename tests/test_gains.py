@@ -48,8 +48,11 @@ def test_pairs_name_real_fixes_and_profiles():
 # why; what was registered for them is the replay's prediction, judged in docs/notes.md)
 UNCOVERED = {"fp8_base_1gpu", "grouped_base_1gpu", "gc_base_1gpu", "graphs2_base_1gpu", "fp82_base_1gpu",
              "gc2_base_1gpu",
-             # its 4 -> 16 micro-batch pair: the share model prices a doubling (the replay takes the pair's factor)
-             "mcore_wrapped_dense_tp2_pp2",
+             # its 4 -> 16 and 4 -> 32 micro-batch pairs: the share model prices a doubling (the replay takes
+             # the pair's factor); its overlapped VPP pairs with more micro-batches: two changes at once
+             "mcore_wrapped_dense_tp2_pp2->w_dense_tp2_pp2_m16", "mcore_wrapped_dense_tp2_pp2->w_dense_tp2_pp2_m32",
+             "mcore_wrapped_dense_tp2_pp2->w_dense_tp2_pp2_vpp2_ovl_m8",
+             "mcore_wrapped_dense_tp2_pp2->w_dense_tp2_pp2_vpp2_ovl_m16",
              # call J: --bias-activation-fusion with TorchDynamo off ran Megatron's fused SwiGLU eagerly (a loss)
              "mcore_gb_pp4s_m8->gb_pp4s_m8_baf", "mcore_dense_tp2sp_pp2->tp2sp_pp2_baf",
              # calls L and M: VPP with overlapped P2P, which syncs nothing; the share model knows no P2P mode
@@ -143,7 +146,7 @@ def test_issue_target_80_percent_of_pairs(rows):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 30's target (80% of the replayed pairs within max(15%, 3% of the "
-                   "step)) is not met: 57 of 83 untraced, 12 of 30 traced; docs/fixes.md 'Replayed gains' and "
+                   "step)) is not met: 56 of 83 untraced, 11 of 30 traced; docs/fixes.md 'Replayed gains' and "
                    "the issue-30 note give each miss's cause")
 def test_replay_target_80_percent_of_pairs(replay_rows):
     for judged in ("ok_untraced", "ok_traced"):
