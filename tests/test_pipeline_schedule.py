@@ -75,8 +75,9 @@ def test_schedule_fidelity_on_the_pp_captures():
         "docs/replay.md is out of date: python fixtures/replay_fidelity.py"
 
 
-@pytest.mark.xfail(strict=True, reason="15 of 17 pipelined captures within 5%: the host-bound PP 4 job (-5.9%) "
-                   "and its per-rank capture (-7.7%) are 6-8% from the simulation")
+@pytest.mark.xfail(strict=True, reason="12 of 17 pipelined captures within 5%: the host-bound PP 4 jobs (-5.2% to "
+                   "-5.6%), the recipe's PP 2 x VPP 2 job (-5.0%) and mcore_gb_pp4_vpp2_m8 (-5.8%, two steady "
+                   "steps of the whole-period window) are 5-6% from the simulation")
 def test_every_schedule_within_target():
     assert all(abs(r["error_pct"]) <= fidelity.SCHEDULE_TOL_PCT for _, r in fidelity.schedule_rows())
 

@@ -169,20 +169,18 @@ def _steps_from_marks(gpu: GpuTimeline, period: float, bursts: np.ndarray) -> pd
     it_end = np.r_[bursts[1:], bursts[-1] + period]
     last_end = k["end"].max()
     tail = last_end - bursts[-1]
-    tail_cut = not (0.85 * period <= tail <= 1.15 * period) or len(starts) - at_mark[-1] < whole
-    if tail_cut:
+    if not (0.85 * period <= tail <= 1.15 * period) or len(starts) - at_mark[-1] < whole:
         it_start, it_end = it_start[:-1], it_end[:-1]
     head = bursts[0] - k["start"].min()
     if 0.85 * period <= head <= 1.15 * period and at_mark[0] >= whole:
         it_start = np.r_[k["start"].min(), it_start]
         it_end = np.r_[bursts[0], it_end]
     it_end = np.minimum(it_end, last_end)
-    # the last whole period ends the capture only where no cut tail follows it (``mark_steady``'s
-    # teardown test is for the capture's last stretch, not for a slow step before it)
-    ends_capture = np.zeros(len(it_start), bool)
-    ends_capture[-1:] = not tail_cut
+    # the last whole period before a cut tail still holds part of the step cudaProfilerStop
+    # ran in (mcore_gb_ep4_dpoverlap: 713 ms against 507-519), so ``mark_steady`` judges it as
+    # the capture's last step
     return pd.DataFrame({"start": it_start.astype(np.int64), "end": it_end.astype(np.int64),
-                         "label": [f"period {i}" for i in range(len(it_start))], "ends_capture": ends_capture})
+                         "label": [f"period {i}" for i in range(len(it_start))]})
 
 
 def mark_steady(its: pd.DataFrame, open_end: bool = False) -> pd.DataFrame:
@@ -216,9 +214,8 @@ def mark_steady(its: pd.DataFrame, open_end: bool = False) -> pd.DataFrame:
                 break
         # the last iteration often ends with a sync/teardown tail (cudaProfilerStop's flush):
         # judge it alone, against the other steady steps (a reference that held it would let
-        # a 1.33x last step through); only where it is the capture's last stretch
-        ends_capture = bool(its["ends_capture"].iloc[-1]) if "ends_capture" in its else True
-        if steady[-1] and ends_capture and steady.sum() > 2 and dur[-1] > WARMUP_FACTOR * np.median(dur[steady][:-1]):
+        # a 1.33x last step through)
+        if steady[-1] and steady.sum() > 2 and dur[-1] > WARMUP_FACTOR * np.median(dur[steady][:-1]):
             steady[-1] = False
     its["steady"] = steady
     its["index"] = np.arange(len(its))
