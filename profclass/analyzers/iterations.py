@@ -161,7 +161,7 @@ def _steps_from_marks(gpu: GpuTimeline, period: float, bursts: np.ndarray) -> pd
     last (tail) counts only if it is a whole one: about one period long and with a whole
     period's kernels (``WHOLE_PERIOD_KERNELS``; a capture cut at an iteration boundary)."""
     k = gpu.ops.loc[(gpu.ops["op"] == "kernel").to_numpy(), ["start", "end"]]
-    starts = np.sort(k["start"].to_numpy())
+    starts = k["start"].to_numpy()  # sorted: a GpuTimeline's ops are
     at_mark = np.searchsorted(starts, bursts)
     per_period = np.diff(at_mark)  # kernels of each whole period between two marks
     whole = WHOLE_PERIOD_KERNELS * per_period.min() if per_period.size else 0.0
@@ -171,9 +171,9 @@ def _steps_from_marks(gpu: GpuTimeline, period: float, bursts: np.ndarray) -> pd
     tail = last_end - bursts[-1]
     if not (0.85 * period <= tail <= 1.15 * period) or len(starts) - at_mark[-1] < whole:
         it_start, it_end = it_start[:-1], it_end[:-1]
-    head = bursts[0] - k["start"].min()
+    head = bursts[0] - starts[0]
     if 0.85 * period <= head <= 1.15 * period and at_mark[0] >= whole:
-        it_start = np.r_[k["start"].min(), it_start]
+        it_start = np.r_[starts[0], it_start]
         it_end = np.r_[bursts[0], it_end]
     it_end = np.minimum(it_end, last_end)
     # the last whole period before a cut tail still holds part of the step cudaProfilerStop
