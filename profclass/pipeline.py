@@ -129,6 +129,8 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
     (fraction: how far through the files, or through an nsys export, when known).
     ``keep_timelines`` keeps the per-GPU timelines on ``Diagnosis.timelines`` (single process).
     ``keep_replay`` keeps the replay's inputs on ``Diagnosis.extra.replay_inputs`` (``diff``).
+    ``price_fixes``: fix ids to price beside the chosen ones (``replay["requested"]``), each as
+    ``id[:key=value,...]`` with the change a run made; ``a+b`` prices fixes applied together.
     ``jobs``: per-file work in that many local processes; ``scheduler``: on a Dask cluster
     (an address, or ``local``); either way only compact per-rank summaries come back
     (``profclass.ranks``), and the result is the same as in one process.

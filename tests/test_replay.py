@@ -163,7 +163,7 @@ def test_cuda_graphs_leave_a_dropless_moe_jobs_experts_eager(diagnosis):
     assert 0 < moe["gain_low_ms"] <= moe["expected_gain_ms"] < 0.75 * moe["gain_high_ms"]
     spec = next(f["transform"] for f in load_table() if f["id"] == "cuda_graphs")
     r = R.Replayer(diagnosis("graphs_base_1gpu").extra.replay_inputs)
-    best, high = (R._graph_gain(r, spec, p, r.untraced, r.untraced_out, r.untraced_stages) for p in ("best", "high"))
+    best, high = (R._graph_gain(r, [spec], p, r.untraced, r.untraced_out, r.untraced_stages) for p in ("best", "high"))
     assert 0 < best <= high and best > 0.9 * high
 
 
@@ -231,7 +231,7 @@ def test_a_host_paced_fixs_range_holds_a_slower_and_a_faster_host(diagnosis):
     table = {"host_bigger_launches": {"transform": {"kind": "fewer_launches", "microbatch_factor": 2,
                                                      "recovered": [0.75, 1.0, 1.0]}}}
     (price,) = R.price_requests(r, ("host_bigger_launches",), table).values()
-    at = {f: R._graph_gain(r, table["host_bigger_launches"]["transform"], "best", w, o, st)
+    at = {f: R._graph_gain(r, [table["host_bigger_launches"]["transform"]], "best", w, o, st)
           for f, w, o, st in r.host_variants}
     slow, fast = r.host_factors
     assert sorted(at) == sorted(r.host_factors)

@@ -21,6 +21,16 @@ TYPICAL_QUANTILE = 0.10
 # starts within a few us of the event; a blocking sync returns 5-50 us after its work ends
 # (the host thread is woken); the corpus's distributions: docs/replay.md.
 LATENCY_CAPS = {"launch": 50_000, "stream": 10_000, "event": 10_000, "wake": 50_000}
+# A launch call blocks while the GPU's queue of launched, unfinished work is full, and returns
+# when an op ends and frees a slot: that time is a wait on the GPU, not host work. A launch is
+# taken as blocked there when, at its start, the GPU's pending ops (launched, not ended) were at
+# least this share of the window's most, that most was at least QUEUE_MIN_DEPTH, and an op ended
+# inside the call. Basis: on the lent H200s (driver 580) a GPU-bound stage's launches that took
+# over 100 us all began with 1,015-1,022 ops pending (the window's most), and returned a median
+# 7 us after an op's end (p95 13 us; call AT's captures, docs/notes.md); the queue holds about a
+# thousand ops, so a window that never had half of that pending never filled it.
+QUEUE_FULL_SHARE = 0.95
+QUEUE_MIN_DEPTH = 512
 # A host thread idle this long while another thread's call ended was waiting for that thread
 # (the autograd engine's device thread for the main thread's backward(), and back): longer
 # than the CPU time between two launches of one thread (median 10-40 us in the corpus's

@@ -13,7 +13,7 @@ from ..analyzers.host import GC_RANGES
 from ..analyzers.idle import ALLOC_CALLS, SYNC_CALLS
 from ..analyzers.sets import contains_per_distinct, name_matches
 from ..timeline import GpuTimeline
-from .constants import THREAD_WAIT_NS
+from .constants import QUEUE_FULL_SHARE, QUEUE_MIN_DEPTH, THREAD_WAIT_NS
 
 # call kinds
 LAUNCH, SYNC, ALLOC, OTHER = 0, 1, 2, 3
@@ -111,9 +111,10 @@ def _call_kinds(names, launch, m) -> np.ndarray:
 
 
 def _blocking(cs, ce, kind, start, end, launch):
-    """(target, wake, own duration) per call: a sync call, or a copy call whose copy ended
-    inside it, blocked on the GPU until the op whose end released it (the latest op end
-    inside the call) ended; its own time is then what it took beyond that, up to the wake cap."""
+    """(target, wake, own duration) per call: a sync call, a copy call whose copy ended inside
+    it, or a launch made while the GPU's launch queue was full (``_queue_full``), blocked on the
+    GPU until the op whose end released it (the latest op end inside the call) ended; its own
+    time is then what it took beyond that, up to the wake cap."""
     m = len(cs)
     order = np.argsort(end, kind="stable")
     k = np.searchsorted(end[order], ce, side="right") - 1
@@ -123,7 +124,7 @@ def _blocking(cs, ce, kind, start, end, launch):
     if len(launch):
         lk = launch >= 0
         own_copy[launch[lk]] = end[lk] <= ce[launch[lk]]
-    blocking = waited & ((kind == SYNC) | own_copy)
+    blocking = waited & ((kind == SYNC) | own_copy | ((kind == LAUNCH) & _queue_full(cs, start, end, launch)))
     target = np.where(blocking, cand, -1)
     # kept as measured: a return long after the awaited op's end (the host thread descheduled,
     # a wait the call hid) is real time the step keeps; beyond the wake cap it is reported as
@@ -131,6 +132,19 @@ def _blocking(cs, ce, kind, start, end, launch):
     wake = np.where(blocking, np.clip(ce - end[np.clip(cand, 0, None)], 0, None), 0)
     dur = np.where(blocking, np.minimum(ce - cs, np.maximum(wake, 1)), ce - cs)
     return target, wake, dur
+
+
+def _queue_full(cs, start, end, launch) -> np.ndarray:
+    """Per call: the GPU's queue of launched, unfinished ops was full when it began (pending ops
+    at ``QUEUE_FULL_SHARE`` of the window's most, that most at least ``QUEUE_MIN_DEPTH``)."""
+    lk = launch >= 0
+    if not lk.any():
+        return np.zeros(len(cs), bool)
+    launched = np.sort(cs[launch[lk]])
+    ended = np.sort(end[lk])
+    pending = np.searchsorted(launched, cs, side="left") - np.searchsorted(ended, cs, side="right")
+    most = int(pending.max())
+    return (pending >= QUEUE_FULL_SHARE * most) & (most >= QUEUE_MIN_DEPTH)
 
 
 def _recomputed_calls(cs, ce, launch, recomputed) -> np.ndarray:

@@ -253,10 +253,14 @@ def _graph_facts(r: Replayer, its: list[int]) -> dict:
 
 def _requested(item: str) -> dict:
     """A fix asked for by id, with the change a pair made where its transform takes it
-    ("host_bigger_launches:microbatch_factor=4")."""
-    fid, _, rest = item.partition(":")
-    change = dict(kv.split("=", 1) for kv in rest.split(",") if "=" in kv)
-    return {"id": fid, "request": item, "change": {k: _value(v) for k, v in change.items()}}
+    ("host_bigger_launches:microbatch_factor=4"); fixes joined by "+" are applied together, in
+    that order ("recompute_off+host_bigger_launches:microbatch_factor=2")."""
+    parts = []
+    for one in item.split("+"):
+        fid, _, rest = one.partition(":")
+        change = dict(kv.split("=", 1) for kv in rest.split(",") if "=" in kv)
+        parts.append((fid, {k: _value(v) for k, v in change.items()}))
+    return {"id": "+".join(fid for fid, _ in parts), "request": item, "change": parts[0][1], "parts": parts}
 
 
 def _value(text: str):
@@ -277,11 +281,11 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
     stages = r.stages if traced else r.untraced_stages
     variants = () if traced else r.host_variants
     for f in chosen:
-        spec = table.get(f["id"], {}).get("transform")
-        if spec and f.get("change"):
-            spec = {**spec, **{k: v for k, v in f["change"].items() if k in pipeline_schedule.takes(spec)}}
-        if not spec:
-            continue
+        specs = _specs(f, table)
+        if not specs or (len(specs) > 1 and (r.stages is not None or any(
+                s["kind"] == pipeline_schedule.KIND for s in specs))):
+            continue  # fixes together: graph fixes on a job without a pipeline schedule only
+        spec = specs[0]
         if spec["kind"] == pipeline_schedule.KIND:
             gains = pipeline_schedule.gains_ms(spec, stages) if r.stages is not None else None
             if gains:
@@ -292,25 +296,46 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
             continue
         gains = {}
         for point in transforms.POINTS:
-            g = _graph_gain(r, spec, point, start, start_out, stages)
+            g = _graph_gain(r, specs, point, start, start_out, stages)
             if g is None:
                 break
             gains[point] = g
         if len(gains) < 3:
             continue
-        spread = [g for g in (_graph_gain(r, spec, "best", w, o, st) for _, w, o, st in variants) if g is not None]
+        spread = [g for g in (_graph_gain(r, specs, "best", w, o, st) for _, w, o, st in variants) if g is not None]
         lo, hi = min(*gains.values(), *spread), max(*gains.values(), *spread)
+        basis = " + ".join(_graph_basis(r, s, traced) for s in specs)
+        if len(specs) > 1:
+            basis = ("together, each transform applied to the weights the one before it left, at the same "
+                     "point of each range (the plan's arithmetic): " + basis)
         prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
-                                                     _graph_basis(r, spec, traced))
+                                                     basis + ("" if traced else _host_note(r)))
     return prices
 
 
-def _graph_gain(r: Replayer, spec: dict, point: str, start: list, start_out: scenario.Outcome, stages) -> float | None:
-    """ms per step the fix's transform at ``point`` takes off the step replayed from ``start``."""
-    w = transforms.apply(spec, point, r.traces, start, r.ctx)
-    if w is None:
-        return None
+def _specs(f: dict, table: dict) -> list[dict]:
+    """The transforms of a fix asked for (of each of fixes asked for together), each with the
+    change the request made where it takes it; [] where one has none."""
+    specs = []
+    for fid, change in f.get("parts") or [(f["id"], f.get("change") or {})]:
+        spec = table.get(fid, {}).get("transform")
+        if not spec:
+            return []
+        specs.append({**spec, **{k: v for k, v in change.items() if k in pipeline_schedule.takes(spec)}})
+    return specs
+
+
+def _graph_gain(r: Replayer, specs: list[dict], point: str, start: list, start_out: scenario.Outcome,
+                stages) -> float | None:
+    """ms per step the fixes' transforms at ``point``, applied in turn, take off the step
+    replayed from ``start`` (None where one has nothing to act on)."""
+    w = start
+    for spec in specs:
+        w = transforms.apply(spec, point, r.traces, w, r.ctx)
+        if w is None:
+            return None
     out = r.replay(w)
+    spec = specs[0]
     if spec["kind"] == "fewer_launches" and r.stages is not None:
         # fewer micro-batches: the pipeline's bubble grows (the schedule's, not the graph's)
         return pipelined.bigger_microbatch_ms(r, spec, start_out, out, stages)
@@ -361,7 +386,7 @@ def _graph_basis(r: Replayer, spec: dict, traced: bool) -> str:
         basis += ("; on this pipelined job each stage's saving per step, split between its micro-batches' work "
                   "and its once-per-step rest by where its timeline shrank, is fed to Megatron-Core's schedule "
                   "simulated at the captured (p, v, m): the fill and drain shrink with the stages' work")
-    return basis + ("" if traced else _host_note(r))
+    return basis
 
 
 def _describe(spec: dict) -> str:
