@@ -1,5 +1,6 @@
-"""The thirtieth session's calls AP-AS (docs/notes.md), judged again from their packed timer logs
-(fixtures/timers.tar.xz, timers/s30/) by fixtures/workloads/judge_pairs.py's rule. Each pair's
+"""The thirtieth session's calls AP-AS and the thirty-second's call AU (docs/notes.md), judged
+again from their packed timer logs (fixtures/timers.tar.xz, timers/s30/ and s32/) by
+fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
 committed before the run) or from the prices the call wrote on its machine (AP, AQ), never from
 the outcome tables, so what the notebook reports is recomputed here from the logs. The bases of
@@ -24,14 +25,15 @@ def _module(name: str, path):
 
 gain_pairs = _module("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
 judge_pairs = _module("judge_pairs", ROOT / "fixtures" / "workloads" / "judge_pairs.py")
-S30 = "fixtures/timers/s30/"
-ROW = re.compile(r"^\| (A[PQRS]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtures/timers/s30/",
+        "AS": "fixtures/timers/s30/", "AU": "fixtures/timers/s32/"}
+ROW = re.compile(r"^\| (A[PQRSU]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 PRICE = re.compile(r"\| (-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\] \|")
 
 
-def _read(name: str) -> str | None:
+def _read(name: str, call: str = "AP") -> str | None:
     try:
-        return gain_pairs.timer_text(S30 + name)
+        return gain_pairs.timer_text(LOGS[call] + name)
     except FileNotFoundError:
         return None
 
@@ -48,18 +50,18 @@ def _judged(call: str) -> list[dict]:
     assert rows, call
     prefix = call.lower()
     if call in ("AP", "AQ"):  # priced on the machine, in the call
-        prices = {p["label"]: p for p in json.loads(_read(f"{prefix}_prices.json"))["pairs"]}
+        prices = {p["label"]: p for p in json.loads(_read(f"{prefix}_prices.json", call))["pairs"]}
     else:
         prices = {}
         for label, _, _, rest in rows:
             best, low, high = map(float, PRICE.search("|" + rest).groups())
             prices[label] = {"best_ms": best, "low_ms": low, "high_ms": high}
     specs = [f"{label}={prefix}:{base}:{cand}" for label, base, cand, _ in rows]
-    return judge_pairs.judge_call(prices, _read, 10, 30, specs)
+    return judge_pairs.judge_call(prices, lambda name: _read(name, call), 10, 30, specs)
 
 
 @pytest.mark.parametrize("call, measured, in_range, within", [
-    ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1)])
+    ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1), ("AU", 6, 6, 6)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -75,6 +77,23 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
     starts = re.findall(rf"^== {prefix}_\w+_u[12] rc=0 \S+ start=(\S+)", _read(f"{prefix}_run.log"), re.M)
     assert len(starts) >= 10
     assert all(written <= s for s in starts), (written, min(starts))
+
+
+def test_call_aus_registered_prices_are_the_ones_written_before_its_twins_ran():
+    """Call AU (registered the brief's way): the notebook's prices are price_pairs.py's file,
+    whose UTC time precedes the start of both device calls that ran the twins."""
+    written = json.loads(_read("au_prices.json", "AU"))
+    by_label = {p["label"]: p for p in written["pairs"]}
+    rows = ROW.findall(_registration("AU"))
+    assert len(rows) == 6
+    for label, _, _, rest in rows:
+        best, low, high = map(float, PRICE.search("|" + rest).groups())
+        p = by_label[label]
+        assert (best, low, high) == (p["best_ms"], p["low_ms"], p["high_ms"]), label
+    stamp = written["written_utc"].replace("+00:00", "Z")
+    for driver in ("au1_driver.log", "au2_driver.log"):
+        start = re.search(r"start (\S+)", _read(driver, "AU")).group(1)
+        assert stamp < start, (stamp, driver, start)
 
 
 def test_a_run_that_did_not_finish_leaves_its_pair_unmeasured():
