@@ -1,10 +1,7 @@
-"""Launches that waited on a full launch queue (``host_calls._queue_full``), and fixes asked for
-together (``run._requested``'s "a+b")."""
+"""Launches that waited on a full launch queue (``host_calls._queue_full``)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from conftest import profile_path
 
 from profclass.replay import host_calls
 from profclass.replay.constants import QUEUE_MIN_DEPTH
@@ -65,23 +62,3 @@ def test_on_a_capture_that_filled_its_queue_the_waiting_launches_began_at_its_de
         blocked += int(waits.sum())
         assert np.all(t.ops.start[c.c_target[waits]] + t.ops.dur[c.c_target[waits]] >= c.c_start[waits])
     assert blocked > 0
-
-
-@pytest.mark.parametrize("name", ["memory_recompute_1gpu"])
-def test_fixes_asked_for_together_are_applied_in_turn_in_either_order(name, diagnosis):
-    """"recompute_off+host_bigger_launches" prices the step with both transforms applied, the
-    second to the weights the first left (the plan's arithmetic): the same in either order, and
-    not the sum of the two alone where both shorten the same critical path."""
-    import profclass
-
-    both, back = "recompute_off+host_bigger_launches:microbatch_factor=2", \
-        "host_bigger_launches:microbatch_factor=2+recompute_off"
-    req = profclass.diagnose(str(profile_path(name)),
-                             price_fixes=("recompute_off", "host_bigger_launches:microbatch_factor=2", both, back,
-                                          "recompute_off+no_such_fix")).replay["requested"]
-    one, two = req["recompute_off"]["best_ms"], req["host_bigger_launches:microbatch_factor=2"]["best_ms"]
-    assert req[both]["best_ms"] == pytest.approx(req[back]["best_ms"], abs=0.05)
-    assert max(one, two) - 0.05 <= req[both]["best_ms"] <= one + two + 0.05
-    assert req[both]["low_ms"] <= req[both]["best_ms"] <= req[both]["high_ms"]
-    assert req[both]["basis"].startswith("together,")
-    assert "recompute_off+no_such_fix" not in req  # a fix without a transform: nothing priced

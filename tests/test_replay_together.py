@@ -1,0 +1,39 @@
+"""Fixes asked for together (``run._requested``'s "a+b"): each transform applied to the weights
+the one before it left, the fix plan's arithmetic."""
+from __future__ import annotations
+
+import pytest
+from conftest import profile_path
+
+
+@pytest.mark.parametrize("name", ["memory_recompute_1gpu"])
+def test_fixes_asked_for_together_are_applied_in_turn_in_either_order(name, diagnosis):
+    """"recompute_off+host_bigger_launches" prices the step with both transforms applied, the
+    second to the weights the first left (the plan's arithmetic): the same in either order, and
+    not the sum of the two alone where both shorten the same critical path."""
+    import profclass
+
+    both, back = "recompute_off+host_bigger_launches:microbatch_factor=2", \
+        "host_bigger_launches:microbatch_factor=2+recompute_off"
+    req = profclass.diagnose(str(profile_path(name)),
+                             price_fixes=("recompute_off", "host_bigger_launches:microbatch_factor=2", both, back,
+                                          "recompute_off+no_such_fix")).replay["requested"]
+    one, two = req["recompute_off"]["best_ms"], req["host_bigger_launches:microbatch_factor=2"]["best_ms"]
+    assert req[both]["best_ms"] == pytest.approx(req[back]["best_ms"], abs=0.05)
+    assert max(one, two) - 0.05 <= req[both]["best_ms"] <= one + two + 0.05
+    assert req[both]["low_ms"] <= req[both]["best_ms"] <= req[both]["high_ms"]
+    assert req[both]["basis"].startswith("together,")
+    assert "recompute_off+no_such_fix" not in req  # a fix without a transform: nothing priced
+
+
+def test_the_plans_steps_are_the_price_of_its_fixes_together(diagnosis):
+    """``memory_offload_1gpu``'s plan (offload, a larger micro-batch, CUDA graphs: graph fixes on
+    a job without a pipeline) banks, step by step, what asking for its fixes together prices."""
+    import profclass
+
+    plan = diagnosis("memory_offload_1gpu").plan
+    assert len(plan) >= 3
+    asks = ["+".join(p["id"] for p in plan[:k]) for k in (2, 3)]
+    req = profclass.diagnose(str(profile_path("memory_offload_1gpu")), price_fixes=tuple(asks)).replay["requested"]
+    for k, ask in zip((2, 3), asks):
+        assert req[ask]["best_ms"] == pytest.approx(sum(p["gain_ms"] for p in plan[:k]), abs=0.05)
