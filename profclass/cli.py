@@ -89,6 +89,18 @@ def _walls(ctx, param, value):
     return walls
 
 
+def _what_if(ctx, param, value):
+    """``--what-if`` requests: fix ids with a replay transform, joined by "+" to apply together,
+    each with an optional ``:key=value,...`` change (``host_bigger_launches:microbatch_factor=4``)."""
+    from .fixes import load_table
+    known = sorted(f["id"] for f in load_table() if f.get("transform"))
+    for ask in value:
+        bad = [part.split(":")[0] for part in ask.split("+") if part.split(":")[0] not in known]
+        if bad:
+            raise click.BadParameter(f"{ask}: no replay transform for {', '.join(bad)}; fixes with one: {', '.join(known)}")
+    return tuple(value)
+
+
 @click.group(cls=_Guarded, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="profclass")
 def main():
@@ -116,7 +128,10 @@ def main():
               help="Run the per-file work on a Dask distributed cluster (tcp://host:8786, or 'local'); "
                    "only per-rank summaries come back. Needs 'pip install profclass[dask]'; the files "
                    "must be readable at the same paths on the workers.")
-def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, jobs, scheduler):
+@click.option("--what-if", "what_if", multiple=True, callback=_what_if, metavar="FIX[+FIX...]",
+              help="Also price these fixes by the replay, whether or not profclass chose them; FIX+FIX "
+                   "prices fixes applied together (the plan's arithmetic). Repeatable. Fix ids: profclass explain.")
+def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, jobs, scheduler, what_if):
     """Diagnose PROFILES: one nsys export holding every rank, one export per rank, or a
     directory of them (.sqlite, .sqlite.zst, .sqlite.xz, .nsys-rep)."""
     one_heap()
@@ -128,7 +143,8 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, job
         try:
             # markdown and html show the top kernels and the timeline: keep the timelines
             d = run(list(profiles), iteration_regex=iteration_regex, progress=progress,
-                    keep_timelines=fmt in ("markdown", "html"), jobs=jobs, scheduler=scheduler)
+                    keep_timelines=fmt in ("markdown", "html"), jobs=jobs, scheduler=scheduler,
+                    price_fixes=what_if)
         except ProfileError as exc:
             progress.__exit__()
             _fail(exc)

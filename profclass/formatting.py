@@ -83,6 +83,23 @@ def plan_steps(d) -> list[str]:
             f"then the {p['wall_after']} wall" for p in (getattr(d, "plan", None) or [])]
 
 
+def what_if_lines(d) -> list[str]:
+    """Each fix (or fixes together) asked for with ``--what-if``: its replayed gain, range and
+    the step it leaves, from the step without the profiler."""
+    r = getattr(d, "replay", None) or {}
+    start = r.get("untraced_step_ms")
+    # the ones the replay could not price are in missing[], which says why
+    out = ["What if " + m[len("what-if "):] for m in getattr(d, "missing", None) or [] if m.startswith("what-if ")]
+    if not r.get("requested") or start is None:
+        return out
+    titles = {f["id"]: f["title"] for f in load_table()}
+    for ask, p in r["requested"].items():
+        names = " + ".join(titles.get(part.split(":")[0], part) for part in ask.split("+"))
+        out.append(f"What if {names} ({ask}): -{p['best_ms']:.1f} ms/step [{p['low_ms']:.1f}, {p['high_ms']:.1f}] "
+                   f"-> step {start - p['best_ms']:.1f} ms")
+    return out
+
+
 def replay_lines(d) -> list[str]:
     """The replay section in words: its fidelity, the critical path, the step without each wall."""
     r = getattr(d, "replay", None) or {}

@@ -17,7 +17,7 @@ from . import timeline_view as tv
 from .classify import WALLS
 from .fixes import gain_text
 from .pitfalls import cost_text
-from .formatting import by_rank, layout_lines, pct, plan_steps, replay_lines, shorten, waits_ms_per_step
+from .formatting import by_rank, layout_lines, pct, plan_steps, replay_lines, shorten, waits_ms_per_step, what_if_lines
 from .kernels import collective_name
 
 TOP_KERNELS = 15
@@ -181,6 +181,7 @@ def _fixes(d) -> list[str]:
         out += ["<h2>What-if replay</h2>"] + [f"<p>{_e(line)}</p>" for line in replay_lines(d)]
     if d.plan:
         out += ["<h3>Fix plan</h3>", "<ol class=\"plan\">" + "".join(f"<li>{_e(s)}</li>" for s in plan_steps(d)) + "</ol>"]
+    out += [f"<p class=\"whatif\">{_e(line)}</p>" for line in what_if_lines(d)]
     out += ["<h2>Fixes to try</h2>"]
     if d.fixes:
         items = [f"<li><b>{_e(f['title'])}</b> <span class=\"muted\">[{_e(f['wall'])}]</span> "

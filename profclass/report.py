@@ -9,7 +9,8 @@ from rich.table import Table
 from .classify import WALLS
 from .fixes import gain_text
 from .pitfalls import cost_text
-from .formatting import by_rank, layout_lines, md_cell, md_code, pct, plan_steps, replay_lines, waits_ms_per_step
+from .formatting import by_rank, layout_lines, md_cell, md_code, pct, plan_steps, replay_lines, waits_ms_per_step, \
+    what_if_lines
 from .kernels import collective_name
 from .pipeline import Diagnosis
 
@@ -83,6 +84,8 @@ def _replay_text(d: Diagnosis, con: Console) -> None:
                   "without the profiler):")
         for i, step in enumerate(plan_steps(d), 1):
             con.print(f"{i}. {step}")
+    for line in what_if_lines(d):
+        con.print(line)
 
 
 def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels: int = 10) -> str:
@@ -127,6 +130,7 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
         lines += ["", "### Fix plan (each fix replayed on top of the ones before it, from the step without the "
                   "profiler)", ""]
         lines += [f"{i}. {md_cell(step)}" for i, step in enumerate(plan_steps(d), 1)]
+    lines += [x for line in what_if_lines(d) for x in ("", md_cell(line))]
     if d.fixes:
         lines += ["", "### Fixes (predicted gain: best estimate and range)", ""]
         lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(f['flags'])}. {f['why']} "

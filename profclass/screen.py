@@ -13,7 +13,7 @@ import textwrap
 
 from .classify import WALLS
 from .fixes import gain_text
-from .formatting import layout_lines, pct, plan_steps, replay_lines, shorten
+from .formatting import layout_lines, pct, plan_steps, replay_lines, shorten, what_if_lines
 from .pitfalls import cost_text
 
 # a terminal's first screen: 40 of the usual 45-50 rows, leaving the prompt and the command in view
@@ -78,6 +78,9 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
         blocks.append(("fix plan", wrap(f"Fix plan (each fix replayed on top of the ones before it, from the "
                                         f"{start:.1f} ms step without the profiler):")
                        + [x for i, step in enumerate(plan_steps(d), 1) for x in wrap(f"{i}. {step}", "   ")]))
+    asked = what_if_lines(d)
+    if asked:  # asked for by name (--what-if): before the fixes profclass chose
+        blocks.append(("what if", [x for line in asked for x in wrap(line, "   ")]))
     for i, f in enumerate(d.fixes[:TOP_FIXES], 1):
         head = wrap(f"{i}. [{f['wall']}] {f['title']} ({gain_text(f)})", "   ")
         blocks.append((f"fix {i}", head + wrap(f"   flags: {shorten(f['flags'], 2 * width - 12)}", "   ")))

@@ -203,7 +203,8 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         traced = price_requests(r, also, table, traced=True)
         section["requested"] = {i: {**vars(p), "traced": vars(traced[i]) if i in traced else None}
                                 for i, p in prices.items() if i in also}
-    missing = _missing(r)
+    missing = _missing(r) + [f"what-if {i}: not priced (no transform of it acts on this profile; fixes together: "
+                             "graph fixes on a job without a pipeline schedule only)" for i in also if i not in prices]
     if verdict_wall == "host" and len(r.traces) > 1:
         missing.append(untraced_caveat(section["untraced_step_ms"], measured))
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
