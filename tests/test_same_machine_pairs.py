@@ -26,8 +26,9 @@ def _module(name: str, path):
 gain_pairs = _module("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
 judge_pairs = _module("judge_pairs", ROOT / "fixtures" / "workloads" / "judge_pairs.py")
 LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtures/timers/s30/",
-        "AS": "fixtures/timers/s30/", "AU": "fixtures/timers/s32/", "AW": "fixtures/timers/s32/"}
-ROW = re.compile(r"^\| (A[PQRSUW]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "AS": "fixtures/timers/s30/", "AU": "fixtures/timers/s32/", "AW": "fixtures/timers/s32/",
+        "AX": "fixtures/timers/s32/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 PRICE = re.compile(r"\| (-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\] \|")
 
 
@@ -61,7 +62,8 @@ def _judged(call: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("call, measured, in_range, within", [
-    ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1), ("AU", 6, 6, 6), ("AW", 6, 6, 5)])
+    ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1), ("AU", 6, 6, 6), ("AW", 6, 6, 5),
+    ("AX", 2, 2, 1)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -79,10 +81,12 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
     assert all(written <= s for s in starts), (written, min(starts))
 
 
-@pytest.mark.parametrize("call, pairs", [("AU", 6), ("AW", 8)])
-def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs):
-    """Calls AU and AW (registered the brief's way): the notebook's prices are price_pairs.py's
-    file, whose UTC time precedes the start of each device call that ran the twins."""
+@pytest.mark.parametrize("call, pairs, drivers", [("AU", 6, ("au1", "au2")), ("AW", 8, ("aw1", "aw2")),
+                                                  ("AX", 2, ("ax",))])
+def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
+    """Calls AU, AW and AX (registered the brief's way): the notebook's prices are
+    price_pairs.py's file, whose UTC time precedes the start of each device call that ran the
+    twins."""
     prefix = call.lower()
     written = json.loads(_read(f"{prefix}_prices.json", call))
     by_label = {p["label"]: p for p in written["pairs"]}
@@ -93,7 +97,7 @@ def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs
         p = by_label[label]
         assert (best, low, high) == (p["best_ms"], p["low_ms"], p["high_ms"]), label
     stamp = written["written_utc"].replace("+00:00", "Z")
-    for driver in (f"{prefix}1_driver.log", f"{prefix}2_driver.log"):
+    for driver in (f"{d}_driver.log" for d in drivers):
         start = re.search(r"start (\S+)", _read(driver, call)).group(1)
         assert stamp < start, (stamp, driver, start)
 
