@@ -92,10 +92,10 @@ def _walls(ctx, param, value):
 def _what_if(ctx, param, value):
     """``--what-if`` requests: fix ids with a replay transform, joined by "+" to apply together,
     each with an optional ``:key=value,...`` change (``host_bigger_launches:microbatch_factor=4``)."""
-    from .fixes import load_table
+    from .fixes import load_table, request_parts
     known = sorted(f["id"] for f in load_table() if f.get("transform"))
     for ask in value:
-        bad = [part.split(":")[0] for part in ask.split("+") if part.split(":")[0] not in known]
+        bad = [fid for fid, _ in request_parts(ask) if fid not in known]
         if bad:
             raise click.BadParameter(f"{ask}: no replay transform for {', '.join(bad)}; fixes with one: {', '.join(known)}")
     return tuple(value)

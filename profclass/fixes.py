@@ -10,6 +10,13 @@ from __future__ import annotations
 from .tables import read_table
 
 
+def request_parts(request: str) -> list[tuple[str, str]]:
+    """(fix id, change text) of each fix a request names, in order: fixes joined by "+" are
+    applied together, each with an optional ``:key=value,...`` change
+    ("recompute_off+host_bigger_launches:microbatch_factor=2")."""
+    return [(fid, rest) for fid, _, rest in (one.partition(":") for one in request.split("+"))]
+
+
 def load_table() -> list[dict]:
     return read_table("fixes")["fix"]
 

@@ -2,7 +2,7 @@
 quantity is written the same way in every output."""
 from __future__ import annotations
 
-from .fixes import load_table
+from .fixes import load_table, request_parts
 
 
 def pct(share: float) -> str:
@@ -94,7 +94,7 @@ def what_if_lines(d) -> list[str]:
         return out
     titles = {f["id"]: f["title"] for f in load_table()}
     for ask, p in r["requested"].items():
-        names = " + ".join(titles.get(part.split(":")[0], part) for part in ask.split("+"))
+        names = " + ".join(titles.get(fid, fid) for fid, _ in request_parts(ask))
         out.append(f"What if {names} ({ask}): -{p['best_ms']:.1f} ms/step [{p['low_ms']:.1f}, {p['high_ms']:.1f}] "
                    f"-> step {start - p['best_ms']:.1f} ms")
     return out

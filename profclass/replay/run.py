@@ -12,6 +12,7 @@ import numpy as np
 from ..classify import WALLS
 from . import collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, span, transforms
 from ..analyzers.host import PROBE_NS_CORPUS
+from ..fixes import request_parts
 from .constants import HOST_SPEED
 from .plan import fix_plan
 from .notes import disagreement, untraced_caveat
@@ -256,12 +257,9 @@ def _requested(item: str) -> dict:
     """A fix asked for by id, with the change a pair made where its transform takes it
     ("host_bigger_launches:microbatch_factor=4"); fixes joined by "+" are applied together, in
     that order ("recompute_off+host_bigger_launches:microbatch_factor=2")."""
-    parts = []
-    for one in item.split("+"):
-        fid, _, rest = one.partition(":")
-        change = dict(kv.split("=", 1) for kv in rest.split(",") if "=" in kv)
-        parts.append((fid, {k: _value(v) for k, v in change.items()}))
-    return {"id": "+".join(fid for fid, _ in parts), "request": item, "change": parts[0][1], "parts": parts}
+    parts = [(fid, {k: _value(v) for k, v in (kv.split("=", 1) for kv in rest.split(",") if "=" in kv)})
+             for fid, rest in request_parts(item)]
+    return {"id": "+".join(fid for fid, _ in parts), "request": item, "parts": parts}
 
 
 def _value(text: str):
@@ -318,7 +316,7 @@ def _specs(f: dict, table: dict) -> list[dict]:
     """The transforms of a fix asked for (of each of fixes asked for together), each with the
     change the request made where it takes it; [] where one has none."""
     specs = []
-    for fid, change in f.get("parts") or [(f["id"], f.get("change") or {})]:
+    for fid, change in f.get("parts") or [(f["id"], {})]:
         spec = table.get(fid, {}).get("transform")
         if not spec:
             return []
