@@ -89,6 +89,12 @@ def _walls(ctx, param, value):
     return walls
 
 
+def _positive_ms(ctx, param, value):
+    if value is not None and not (value > 0 and value != float("inf")):
+        raise click.BadParameter(f"{value}: not a positive number of ms")
+    return value
+
+
 def _what_if(ctx, param, value):
     """``--what-if`` requests: fix ids with a replay transform, joined by "+" to apply together,
     each with an optional ``:key=value,...`` change (``host_bigger_launches:microbatch_factor=4``)."""
@@ -131,7 +137,12 @@ def main():
 @click.option("--what-if", "what_if", multiple=True, callback=_what_if, metavar="FIX[+FIX...]",
               help="Also price these fixes by the replay, whether or not profclass chose them; FIX+FIX "
                    "prices fixes applied together (the plan's arithmetic). Repeatable. Fix ids: profclass explain.")
-def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, jobs, scheduler, what_if):
+@click.option("--untraced-step-ms", "untraced_step_ms", type=float, default=None, callback=_positive_ms, metavar="MS",
+              help="The job's own step time without the profiler (its training log's iteration time, e.g. Megatron's "
+                   "'elapsed time per iteration', outside the captured range): the replay calibrates the host's "
+                   "speed to it before pricing the fixes and the plan.")
+def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, jobs, scheduler, what_if,
+             untraced_step_ms):
     """Diagnose PROFILES: one nsys export holding every rank, one export per rank, or a
     directory of them (.sqlite, .sqlite.zst, .sqlite.xz, .nsys-rep)."""
     one_heap()
@@ -144,7 +155,7 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, job
             # markdown and html show the top kernels and the timeline: keep the timelines
             d = run(list(profiles), iteration_regex=iteration_regex, progress=progress,
                     keep_timelines=fmt in ("markdown", "html"), jobs=jobs, scheduler=scheduler,
-                    price_fixes=what_if)
+                    price_fixes=what_if, untraced_step_ms=untraced_step_ms)
         except ProfileError as exc:
             progress.__exit__()
             _fail(exc)

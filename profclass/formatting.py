@@ -113,6 +113,10 @@ def replay_lines(d) -> list[str]:
            + f"; without the profiler's overhead {r['untraced_step_ms']:.1f}."]
     if r.get("note"):
         out.append(r["note"][0].upper() + r["note"][1:] + ".")
+    hc = r.get("host_calibration")
+    if hc:
+        out.append(f"Host calibrated to the job's own step without the profiler ({hc['given_step_ms']:.1f} ms): "
+                   + hc["note"] + ".")
     ps = r.get("pipeline_schedule")
     if ps and ps.get("error_pct") is not None:
         kind = "1F1B" if ps["v"] == 1 else f"interleaved ({ps['v']} chunks a stage, P2P {ps.get('p2p', 'batched')})"

@@ -122,7 +122,8 @@ def _jsonable(o):
 
 def diagnose(paths, iteration_regex: str | None = None, progress=None,
              keep_timelines: bool = False, jobs: int = 1, scheduler: str | None = None,
-             price_fixes: tuple[str, ...] = (), keep_replay: bool = False) -> Diagnosis:
+             price_fixes: tuple[str, ...] = (), keep_replay: bool = False,
+             untraced_step_ms: float | None = None) -> Diagnosis:
     """Diagnose a job from its nsys exports. Raises ProfileError on bad input.
 
     ``progress(message, fraction=None)``, when given, is called as each stage starts
@@ -131,6 +132,9 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
     ``keep_replay`` keeps the replay's inputs on ``Diagnosis.extra.replay_inputs`` (``diff``).
     ``price_fixes``: fix ids to price beside the chosen ones (``replay["requested"]``), each as
     ``id[:key=value,...]`` with the change a run made; ``a+b`` prices fixes applied together.
+    ``untraced_step_ms``: the job's own step without the profiler (its log's iteration time outside
+    the capture); the replay's host is calibrated to it before any fix is priced
+    (``replay.calibrate``).
     ``jobs``: per-file work in that many local processes; ``scheduler``: on a Dask cluster
     (an address, or ``local``); either way only compact per-rank summaries come back
     (``profclass.ranks``), and the result is the same as in one process.
@@ -143,6 +147,8 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
             re.compile(iteration_regex)
         except re.error as exc:  # the user's regex, not the profile: say so before any work
             raise ProfileError("--iteration-range", f"not a valid regular expression ({exc})") from None
+    if untraced_step_ms is not None and not (np.isfinite(untraced_step_ms) and untraced_step_ms > 0):
+        raise ProfileError("--untraced-step-ms", f"not a positive number of ms ({untraced_step_ms})")
     with resolve(paths, progress=progress) as files:
         # timelines (whole DataFrames) stay in the process that made them: keeping them means
         # the per-file work runs here
@@ -150,7 +156,8 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
                                     jobs=1 if keep_timelines else jobs,
                                     scheduler=None if keep_timelines else scheduler,
                                     keep_timelines=keep_timelines, progress=progress)
-        d, gpus = _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes)
+        d, gpus = _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes,
+                          untraced_step_ms)
     if keep_timelines:
         for g in gpus:
             if g.timeline is not None:
@@ -171,7 +178,7 @@ def diagnose_summaries(summaries, files, paths, iteration_regex: str | None = No
     return replace(d, extra=replace(d.extra, replay_inputs=None))
 
 
-def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes=()):
+def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes=(), untraced_step_ms=None):
     """Per-file summaries -> the job's step across files -> one job -> the Diagnosis."""
     summaries = _agree_across_files(summaries, files, iteration_regex, keep_timelines)
     profiles = [fs.meta for fs in summaries]
@@ -183,7 +190,7 @@ def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, 
                            "no GPU kernels in the profile (CPU-only capture, or CUDA tracing was off)")
     if progress:
         progress(f"analysing {len(gpus)} GPU(s)")
-    return analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], paths, price_fixes), gpus
+    return analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], paths, price_fixes, untraced_step_ms), gpus
 
 
 def _agree_across_files(summaries, files, regex, keep_timelines):
@@ -220,10 +227,10 @@ def _agree_across_files(summaries, files, regex, keep_timelines):
     return out
 
 
-def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] = ()) -> Diagnosis:
+def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced_step_ms=None) -> Diagnosis:
     """The job-level stages over the per-rank summaries, each on the frozen outputs of the ones
     before it: layout -> communication -> pipeline -> stragglers -> classify -> configuration
-    -> the analyzers' job halves -> fixes and pitfalls, into one Diagnosis."""
+    -> the analyzers' job halves -> fixes and pitfalls, into one Diagnosis (the last two: diagnose's)."""
     assign_ranks(gpus, profiles, hints)
     skew = align_clocks(gpus, {i: p.session_start_ns for i, p in enumerate(profiles)})
     # iterations and per-GPU analyzers ran per file, on its own clock (profclass.ranks)
@@ -255,7 +262,7 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
     chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, flags, out.numbers, step_ms=job.step_ms)
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     undo = pitfalls.undoing_fixes(found)
-    inp = _replay_inputs(job, gpus, out.numbers["probe_call_ns"])
+    inp = _replay_inputs(job, gpus, out.numbers["probe_call_ns"], untraced_step_ms)
     # every wall's fixes that apply: a pitfall's fix may enter the plan, and a wall's fixes join
     # it once a step leaves that wall the largest
     every_wall = fixes.select(list(classify.WALLS), facts, flags, out.numbers, step_ms=job.step_ms)
@@ -282,17 +289,18 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes: tuple[str, ...] 
         **out.sections)
 
 
-def _replay_inputs(job: Job, gpus, host_probe_ns: float | None) -> replay_run.ReplayInputs:
+def _replay_inputs(job: Job, gpus, host_probe_ns: float | None,
+                   untraced_step_ms: float | None = None) -> replay_run.ReplayInputs:
     """The replay stage's inputs: the job's per-GPU traces (on the job's clock), its
-    collectives' groups, its measured steps, the host's speed (the host analyzer's probe)
-    (profclass.replay)."""
+    collectives' groups, its measured steps, the host's speed (the host analyzer's probe), the
+    job's own step without the profiler where the user gave it (profclass.replay)."""
     return replay_run.ReplayInputs(
         traces=tuple(replace(g.replay_trace, shift_ns=g.shift_ns) for g in gpus),
         comm_kernels=tuple(job.comm.kernels), members=tuple(job.comm.members), ranks=tuple(g.rank for g in gpus),
         step_ns=tuple(r.analysis.window.window_ns / r.iterations for r in job.records),
         profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records),
         microbatches=job.layout.size("microbatches") if job.layout else None,
-        pipeline=job.pipeline, host_probe_ns=host_probe_ns)
+        pipeline=job.pipeline, host_probe_ns=host_probe_ns, untraced_step_ms=untraced_step_ms)
 
 
 def _kernel_names(records) -> pd.Series | None:

@@ -75,8 +75,10 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
         blocks.append(("layout", [x for line in lay for x in wrap(line)]))
     if getattr(d, "plan", None):
         start = (d.replay or {}).get("untraced_step_ms") or d.window["step_ms"]["mean"]
+        hc = (d.replay or {}).get("host_calibration")
+        host = f", the host x{hc['host_factor']:.2f} to meet the given step" if hc and hc["host_factor"] != 1 else ""
         blocks.append(("fix plan", wrap(f"Fix plan (each fix replayed on top of the ones before it, from the "
-                                        f"{start:.1f} ms step without the profiler):")
+                                        f"{start:.1f} ms step without the profiler{host}):")
                        + [x for i, step in enumerate(plan_steps(d), 1) for x in wrap(f"{i}. {step}", "   ")]))
     asked = what_if_lines(d)
     if asked:  # asked for by name (--what-if): before the fixes profclass chose

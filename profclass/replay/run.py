@@ -10,7 +10,7 @@ from functools import cached_property
 import numpy as np
 
 from ..classify import WALLS
-from . import collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, span, transforms
+from . import calibrate, collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, span, transforms
 from ..analyzers.host import PROBE_NS_CORPUS
 from ..fixes import request_parts
 from .constants import HOST_SPEED
@@ -34,6 +34,7 @@ class ReplayInputs:
     microbatches: int | None = None  # per step (the layout's), None where unknown
     pipeline: object = None  # the pipeline analyzer's PipelineResult (stages, sizes, per-stage times)
     host_probe_ns: float | None = None  # the host's speed (analyzers/host.py: the probe's median), None unread
+    untraced_step_ms: float | None = None  # the job's own step without the profiler, as the user gave it
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,26 @@ class Replayer:
     # the job that runs without it, where the host's calls cost less; docs/replay.md). Worked out
     # on first use: diff's split builds Replayers that never price a fix.
     @cached_property
-    def untraced(self) -> list:
+    def per_call_untraced(self) -> list:
+        """The weights less the profiler's op ranges and CUDA tracing's per-call cost."""
         return [transforms.untraced(t, w, p) for t, w, p in
                 zip(self.traces, self.captured, self.inp.profiler_ns_per_step)]
+
+    @cached_property
+    def calibration(self) -> calibrate.HostCalibration | None:
+        """The untraced host's factor that meets the job's own step, where the user gave it."""
+        if not self.inp.untraced_step_ms:
+            return None
+        shift = float(np.mean(self.inp.step_ns)) / 1e6 - self.step_ms(self.base)  # as the section's steps
+        return calibrate.solve(lambda f: self.step_ms(self.replay(
+            [transforms.host_speed(w, f) for w in self.per_call_untraced])) + shift, float(self.inp.untraced_step_ms))
+
+    @cached_property
+    def untraced(self) -> list:
+        c = self.calibration
+        if c is None or c.host_factor == 1.0:
+            return self.per_call_untraced
+        return [transforms.host_speed(w, c.host_factor) for w in self.per_call_untraced]
 
     @cached_property
     def untraced_out(self) -> scenario.Outcome:
@@ -190,6 +208,8 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         largest_removal=largest, graph=_graph_facts(r, [t.iterations for t in r.traces]))
     if largest != verdict_wall and without[largest] < without.get(verdict_wall, measured) - 0.01 * measured:
         section["note"] = disagreement(verdict_wall, largest, without, measured)
+    if r.calibration is not None:
+        section["host_calibration"] = r.calibration.section()
     if r.stages is not None:  # the schedule simulation's fidelity (PP fixes are priced on it)
         section["pipeline_schedule"] = pipeline_schedule.fidelity(r.stages)
     # fixes are priced and planned on the step without the profiler: the gain is banked in the
@@ -206,7 +226,9 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
                                 for i, p in prices.items() if i in also}
     missing = _missing(r) + [f"what-if {i}: not priced (no transform of it acts on this profile; fixes together: "
                              "graph fixes on a job without a pipeline schedule only)" for i in also if i not in prices]
-    if verdict_wall == "host" and len(r.traces) > 1:
+    if r.calibration is not None and not r.calibration.reached:
+        missing.append(f"replay: host calibration: {r.calibration.note}")
+    if verdict_wall == "host" and len(r.traces) > 1 and r.calibration is None:
         missing.append(untraced_caveat(section["untraced_step_ms"], measured))
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
 

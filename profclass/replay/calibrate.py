@@ -1,0 +1,78 @@
+"""The untraced host calibrated to the job's own step: where the user gives the step the job runs
+at without the profiler (its training log's iteration time, from iterations the capture does
+not hold), the replay's host is made that much faster or slower before any fix is priced.
+
+Why: the replay takes CUDA tracing's measured per-call cost off each call (``untraced``), but on
+a host-paced job tracing also slows the CPU time between calls (the profiler's threads share the
+cores), so the step without the profiler is shorter than the replay's and every host-side price,
+a difference of two replays of that host, runs large by about the same factor (docs/notes.md,
+call BB: the replayed untraced steps 19-24% above the capture run's own, the launch-removing
+fixes' relative step changes within a few points). One factor on every host call's own time and
+the CPU time before it (``transforms.host_speed``) is solved so that the replayed untraced step
+meets the given one; the GPU's work is not touched, so a GPU-bound job's step hardly moves with
+it and its prices stay.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+# The factor's search range (faster, slower), on the host's time in the replay without the
+# profiler. Basis: tracing slowed three host-paced Megatron configs 13-37% on one machine (docs/
+# replay.md, "The profiler's cost inside a Megatron job") and the same job's host differed by up
+# to 1.4x between an H100 host and an H200 one ("The host's speed"); half or twice the replay's
+# host lies beyond both. A given step outside what the range reaches leaves the host as replayed
+# (no factor explains it: the GPU's own time sets the step, or the step is another job's), and
+# says so.
+FACTOR_RANGE = (0.5, 2.0)
+# A given step this close to the replay's own (a share of it) leaves the host as replayed: a
+# training log's iteration times of one configuration scatter about as much run to run (call
+# BB's dense stage's untraced steps before tracing: 450-520 ms; AW's dense stage held within
+# 0.3%), so a smaller difference is no evidence about the host.
+AGREE_SHARE = 0.02
+BISECTIONS = 16  # halvings of the factor's range: to about 2e-5 of it, ~1 ms on a 2.5 s step
+
+
+@dataclass(frozen=True)
+class HostCalibration:
+    given_step_ms: float  # the job's own step without the profiler, as given
+    replayed_step_ms: float  # the replay's untraced step before calibration
+    host_factor: float  # on the untraced host's time (1.0: left as replayed)
+    reached_step_ms: float  # the replay's untraced step with the factor
+    note: str  # what was done, and why, for the report and ``missing``
+    reached: bool  # False where no factor in range meets the given step (the host is then left as replayed)
+
+    def section(self) -> dict:
+        return dict(given_step_ms=round(self.given_step_ms, 3), replayed_step_ms=round(self.replayed_step_ms, 3),
+                    host_factor=round(self.host_factor, 4), reached_step_ms=round(self.reached_step_ms, 3),
+                    note=self.note)
+
+
+def solve(step_at: Callable[[float], float], given_ms: float) -> HostCalibration:
+    """The factor on the untraced host's time whose replayed step meets ``given_ms``;
+    ``step_at(f)``: the untraced step (ms) replayed with the host's time times ``f``, which never
+    falls as ``f`` grows (a slower host never shortens the step)."""
+    own = step_at(1.0)
+    if abs(own - given_ms) <= AGREE_SHARE * given_ms:
+        return HostCalibration(given_ms, own, 1.0, own, (
+            f"the given step ({given_ms:.1f} ms) is within {100 * AGREE_SHARE:g}% of the replay's own without the "
+            f"profiler ({own:.1f}): the host is left as replayed"), True)
+    lo, hi = (FACTOR_RANGE[0], 1.0) if own > given_ms else (1.0, FACTOR_RANGE[1])
+    end = step_at(lo if own > given_ms else hi)
+    if (own > given_ms and end > given_ms) or (own < given_ms and end < given_ms):
+        f = lo if own > given_ms else hi
+        side = "faster" if own > given_ms else "slower"
+        return HostCalibration(given_ms, own, 1.0, own, (
+            f"the given step ({given_ms:.1f} ms) is out of the host's reach: with the host {max(f, 1 / f):g}x {side} "
+            f"the replay without the profiler runs {end:.1f} ms (the GPU's own time sets the step there, or the "
+            f"given step is another job's); the host is left as replayed ({own:.1f} ms)"), False)
+    for _ in range(BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        if step_at(mid) > given_ms:
+            hi = mid
+        else:
+            lo = mid
+    f = 0.5 * (lo + hi)
+    return HostCalibration(given_ms, own, f, step_at(f), (
+        f"the host's time without the profiler x{f:.3f}, so that the replayed step meets the given "
+        f"{given_ms:.1f} ms (the replay's own: {own:.1f}); every fix is priced on that host"), True)
