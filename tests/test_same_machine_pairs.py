@@ -28,14 +28,17 @@ gain_pairs = _module("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
 judge_pairs = _module("judge_pairs", ROOT / "fixtures" / "workloads" / "judge_pairs.py")
 LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtures/timers/s30/",
         "AS": "fixtures/timers/s30/", "AU": "fixtures/timers/s32/", "AW": "fixtures/timers/s32/",
-        "AX": "fixtures/timers/s32/", "BB": "fixtures/timers/s33/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|BB\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "AX": "fixtures/timers/s32/", "BB": "fixtures/timers/s33/",
+        "BC": "fixtures/timers/s33/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BC]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
-# BB4 beside their own base runs (bb2_), its dense stage 24 (8..24)
+# BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
+# (8..20), its MoE stage 14 (6..14)
 RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3": ("bb2", 6, 16),
         "BB4": ("bb2", 6, 16), "BB5": ("bb", 8, 24), "BB6": ("bb", 8, 24), "BB7": ("bb", 8, 24),
-        "BB8": ("bb", 8, 24)}
+        "BB8": ("bb", 8, 24), "BC1": ("bc", 8, 20), "BC2": ("bc", 8, 20), "BC3": ("bc", 6, 14),
+        "BC4": ("bc", 6, 14)}
 PRICE = re.compile(r"\| (-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\] \|")
 
 
@@ -75,7 +78,7 @@ def _judged(call: str) -> list[dict]:
 
 @pytest.mark.parametrize("call, measured, in_range, within", [
     ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1), ("AU", 6, 6, 6), ("AW", 6, 6, 5),
-    ("AX", 2, 2, 1), ("BB", 0, 0, 0)])
+    ("AX", 2, 2, 1), ("BB", 0, 0, 0), ("BC", 0, 0, 0)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -94,7 +97,8 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
 
 
 @pytest.mark.parametrize("call, pairs, drivers", [("AU", 6, ("au1", "au2")), ("AW", 8, ("aw1", "aw2")),
-                                                  ("AX", 2, ("ax",)), ("BB", 9, ("bb1", "bb2", "bb3"))])
+                                                  ("AX", 2, ("ax",)), ("BB", 9, ("bb1", "bb2", "bb3")),
+                                                  ("BC", 4, ("bc",))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU, AW, AX and BB (registered the brief's way): the notebook's prices are
     price_pairs.py's file, whose UTC time precedes the start of each device call that ran the
@@ -130,3 +134,25 @@ def test_call_bb_unmeasured_pairs_judged_on_their_replicates_mean_as_the_noteboo
     assert min(max(j["apart"]) for j in judged) > 0.05
     assert (sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == (8, 2)
     assert sorted(j["label"] for j in judged if j["within"]) == ["BB3", "BB7"]
+
+
+def test_call_bc_unmeasured_pairs_on_their_replicates_mean_as_the_notebook_reports():
+    """Call BC (priced on the calibrated host): none measured under the 5% rule; on the
+    replicates' means all four inside their ranges, none within target."""
+    judged = _judged("BC")
+    assert len(judged) == 4 and not any(j["measured"] for j in judged)
+    assert (sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == (4, 0)
+
+
+def test_call_bc_was_calibrated_to_its_capture_runs_own_steps_not_the_twins():
+    """The step each of call BC's prices was calibrated to is the mean of its base's capture run's
+    untraced steps 5..16 (before the capture range), recomputed from call BA's packed logs."""
+    prices = json.loads(_read("bc_prices.json", "BC"))["pairs"]
+    own = {}
+    for base, log in (("ba_dense.sqlite", "ba_ba_dense.log"), ("ba_moe32.sqlite", "ba_ba_moe32.log")):
+        steps = [float(ms) for it, ms in judge_pairs.STEP.findall(_read(log, "BC")) if 5 <= int(it) <= 16]
+        assert len(steps) == 12
+        own[base] = round(sum(steps) / len(steps), 1)
+    for p in prices:
+        assert p["given_untraced_step_ms"] == own[p["base"]], p["label"]
+        assert 0.8 < p["host_factor"] < 0.9
