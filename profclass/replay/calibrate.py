@@ -30,7 +30,10 @@ FACTOR_RANGE = (0.5, 2.0)
 # BB's dense stage's untraced steps before tracing: 450-520 ms; AW's dense stage held within
 # 0.3%), so a smaller difference is no evidence about the host.
 AGREE_SHARE = 0.02
-BISECTIONS = 16  # halvings of the factor's range: to about 2e-5 of it, ~1 ms on a 2.5 s step
+# The solve stops within this share of the given step (0.05%: ~1 ms on a 2.5 s step, far inside
+# a training log's run-to-run scatter) or after MAX_STEPS replays
+STEP_TOL = 5e-4
+MAX_STEPS = 40
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,36 @@ def solve(step_at: Callable[[float], float], given_ms: float) -> HostCalibration
             f"the given step ({given_ms:.1f} ms) is out of the host's reach: with the host {max(f, 1 / f):g}x {side} "
             f"the replay without the profiler runs {end:.1f} ms (the GPU's own time sets the step there, or the "
             f"given step is another job's); the host is left as replayed ({own:.1f} ms)"), False)
-    for _ in range(BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        if step_at(mid) > given_ms:
-            hi = mid
-        else:
-            lo = mid
-    f = 0.5 * (lo + hi)
-    return HostCalibration(given_ms, own, f, step_at(f), (
+    f, s_f = _solve_bracketed(step_at, given_ms, lo, hi, own, end)
+    return HostCalibration(given_ms, own, f, s_f, (
         f"the host's time without the profiler x{f:.3f}, so that the replayed step meets the given "
         f"{given_ms:.1f} ms (the replay's own: {own:.1f}); every fix is priced on that host"), True)
+
+
+def _solve_bracketed(step_at, given_ms: float, lo: float, hi: float, s_own: float, s_end: float):
+    """(f, step_at(f)) with step_at(f) within ``STEP_TOL`` of ``given_ms``, f in [lo, hi], which
+    bracket it (one end is 1.0, where the step is ``s_own``; the other gives ``s_end``). Regula
+    falsi with the Illinois halving: a host-paced step is nearly linear in the host's speed, so a
+    few replays do (bisection took 16), and the bracket keeps a GPU floor's kink safe."""
+    f_lo, f_hi = lo, hi
+    s_lo, s_hi = (s_end, s_own) if lo < 1.0 else (s_own, s_end)
+    g_lo, g_hi = s_lo - given_ms, s_hi - given_ms
+    side = 0
+    f, s_f = (f_lo, s_lo) if abs(g_lo) < abs(g_hi) else (f_hi, s_hi)
+    for _ in range(MAX_STEPS):
+        if abs(s_f - given_ms) <= STEP_TOL * given_ms:
+            break
+        f = f_hi - g_hi * (f_hi - f_lo) / (g_hi - g_lo) if g_hi != g_lo else 0.5 * (f_lo + f_hi)
+        s_f = step_at(f)
+        g = s_f - given_ms
+        if g > 0:  # the step is too long: the root is below f
+            f_hi, g_hi = f, g
+            if side == 1:
+                g_lo *= 0.5
+            side = 1
+        else:
+            f_lo, g_lo = f, g
+            if side == -1:
+                g_hi *= 0.5
+            side = -1
+    return f, s_f
