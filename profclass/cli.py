@@ -320,7 +320,10 @@ def diff_cmd(sides, base_opt, cand_opt, fmt, fail_above, min_effect, alpha, iter
 @click.option("--iteration-range", "iteration_regex", default=None, metavar="REGEX",
               help="Regex for NVTX ranges that mark one iteration.")
 @click.option("--strict", is_flag=True, help="Exit 2 on unreadable input instead of 0.")
-def hook(profiles, out_dir, baseline, fail_on, fail_above, min_effect, iteration_regex, strict):
+@click.option("--untraced-step-ms", "untraced_step_ms", type=float, default=None, callback=_positive_ms, metavar="MS",
+              help="The job's own step time without the profiler (its timer over iterations outside the "
+                   "capture): the replay calibrates the host's speed to it before pricing the fixes.")
+def hook(profiles, out_dir, baseline, fail_on, fail_above, min_effect, iteration_regex, strict, untraced_step_ms):
     """Post-job hook: diagnose PROFILES (one job), write <profile>.profclass.json and .md beside
     it, print one line for the training log. Exits 0 unless --fail-on / --fail-above (or
     --strict) asks otherwise: it never fails the job on its own."""
@@ -328,7 +331,7 @@ def hook(profiles, out_dir, baseline, fail_on, fail_above, min_effect, iteration
     from .hook import run_hook
     res = run_hook(list(profiles), out=out_dir, baseline=list(baseline), fail_on=fail_on,
                    fail_above=fail_above, iteration_regex=iteration_regex, strict=strict,
-                   min_effect=min_effect / 100)
+                   min_effect=min_effect / 100, untraced_step_ms=untraced_step_ms)
     for m in res.messages:
         click.echo(m, err=True)
     if res.diagnosis is not None:

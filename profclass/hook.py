@@ -107,10 +107,11 @@ def _write_reports(json_path: str, md_path: str, record: dict, md: str, messages
 
 def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_above: float | None = None,
              iteration_regex: str | None = None, strict: bool = False, min_effect: float | None = None,
-             alpha: float | None = None) -> HookResult:
+             alpha: float | None = None, untraced_step_ms: float | None = None) -> HookResult:
     """Diagnose ``profiles`` (one job: a file, rank files or a directory), optionally diff it
     against ``baseline`` (profile paths or a stored diagnosis JSON), write the JSON and
-    Markdown reports and return the one-line summary and the exit code the job should use."""
+    Markdown reports and return the one-line summary and the exit code the job should use.
+    ``untraced_step_ms``: the job's own step without the profiler (``diagnose``'s)."""
     from . import report
     from .version import __version__
     from .contract import input_hashes, stamp
@@ -120,7 +121,7 @@ def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_a
     paths, baseline = _as_paths(profiles), _as_paths(baseline) if baseline else []
     bad_input = EXIT_BAD_INPUT if strict else EXIT_OK
     try:
-        d = diagnose(paths, iteration_regex=iteration_regex)
+        d = diagnose(paths, iteration_regex=iteration_regex, untraced_step_ms=untraced_step_ms)
     except ProfileError as exc:
         return HookResult(bad_input, f"profclass: error: {exc}", messages=[f"profclass: error: {exc}"])
     except Exception as exc:  # a hook must not fail the job over a profclass bug

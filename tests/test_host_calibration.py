@@ -106,3 +106,14 @@ def test_a_step_that_is_not_a_positive_number_is_a_usage_error(value):
     run = CliRunner().invoke(main, ["diagnose", "-q", str(profile_path(HOST_PACED)), "--untraced-step-ms", value])
     assert run.exit_code == 2
     assert "--untraced-step-ms" in run.output
+
+
+def test_the_hook_passes_the_jobs_own_step_to_the_replay(tmp_path):
+    """``profclass hook --untraced-step-ms``: the post-job hook, where the job's own timer is at
+    hand, writes the calibration into its record."""
+    run = CliRunner().invoke(main, ["hook", str(profile_path(HOST_PACED)), "--out", str(tmp_path),
+                                    "--untraced-step-ms", "26"])
+    assert run.exit_code == 0, run.output
+    (record,) = tmp_path.glob("*.profclass.json")
+    hc = json.loads(record.read_text())["diagnosis"]["replay"]["host_calibration"]
+    assert hc["given_step_ms"] == 26.0 and hc["host_factor"] < 1.0
