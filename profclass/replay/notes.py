@@ -9,7 +9,7 @@ def untraced_caveat(untraced: float, measured: float) -> str:
     return (f"replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step "
             f"({100 * (1 - untraced / measured):.0f}%); host-paced 4-rank Megatron jobs ran 13-37% slower traced "
             f"than untraced on one machine, most of it not per call, so the step without the profiler is "
-            f"likely shorter than untraced_step_ms")
+            f"likely shorter than untraced_step_ms (give the job's own, --untraced-step-ms, to calibrate the host)")
 
 
 def disagreement(verdict: str, largest: str, without: dict, measured: float) -> str:
