@@ -117,3 +117,17 @@ def test_the_hook_passes_the_jobs_own_step_to_the_replay(tmp_path):
     (record,) = tmp_path.glob("*.profclass.json")
     hc = json.loads(record.read_text())["diagnosis"]["replay"]["host_calibration"]
     assert hc["given_step_ms"] == 26.0 and hc["host_factor"] < 1.0
+
+
+def test_a_given_step_longer_than_the_traced_one_is_not_this_jobs_and_is_set_aside():
+    """Tracing only adds work: a step without the profiler longer than the captured step with it
+    (a log's warm-up iterations, another configuration's number) leaves the host as replayed."""
+    path = str(profile_path(HOST_PACED))
+    plain = profclass.diagnose(path)
+    cal = profclass.diagnose(path, untraced_step_ms=1.2 * plain.replay["measured_step_ms"])
+    assert cal.replay["host_calibration"]["host_factor"] == 1.0
+    assert cal.replay["untraced_step_ms"] == plain.replay["untraced_step_ms"]
+    assert any("longer than the captured step with the profiler" in m for m in cal.missing)
+    c = calibrate.solve(lambda f: 100.0 * f, 130.0, traced_ms=120.0)
+    assert (c.host_factor, c.reached) == (1.0, False)
+    assert calibrate.solve(lambda f: 100.0 * f, 118.0, traced_ms=120.0).host_factor == pytest.approx(1.18, abs=1e-3)

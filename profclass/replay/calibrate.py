@@ -51,11 +51,19 @@ class HostCalibration:
                     note=self.note)
 
 
-def solve(step_at: Callable[[float], float], given_ms: float) -> HostCalibration:
+def solve(step_at: Callable[[float], float], given_ms: float, traced_ms: float | None = None) -> HostCalibration:
     """The factor on the untraced host's time whose replayed step meets ``given_ms``;
     ``step_at(f)``: the untraced step (ms) replayed with the host's time times ``f``, which never
-    falls as ``f`` grows (a slower host never shortens the step)."""
+    falls as ``f`` grows (a slower host never shortens the step); ``traced_ms``: the captured
+    step, with the profiler."""
     own = step_at(1.0)
+    if traced_ms and given_ms > (1 + AGREE_SHARE) * traced_ms:
+        # tracing only adds work: a step without the profiler longer than the captured one is not
+        # this job's steady step (warm-up iterations, another configuration)
+        return HostCalibration(given_ms, own, 1.0, own, (
+            f"the given step ({given_ms:.1f} ms) is longer than the captured step with the profiler "
+            f"({traced_ms:.1f}): tracing never makes a job faster, so it is not this job's steady step without "
+            f"the profiler (warm-up iterations? another configuration?); the host is left as replayed"), False)
     if abs(own - given_ms) <= AGREE_SHARE * given_ms:
         return HostCalibration(given_ms, own, 1.0, own, (
             f"the given step ({given_ms:.1f} ms) is within {100 * AGREE_SHARE:g}% of the replay's own without the "

@@ -100,9 +100,11 @@ class Replayer:
         """The untraced host's factor that meets the job's own step, where the user gave it."""
         if not self.inp.untraced_step_ms:
             return None
-        shift = float(np.mean(self.inp.step_ns)) / 1e6 - self.step_ms(self.base)  # as the section's steps
+        measured = float(np.mean(self.inp.step_ns)) / 1e6
+        shift = measured - self.step_ms(self.base)  # as the section's steps
         return calibrate.solve(lambda f: self.step_ms(self.replay(
-            [transforms.host_speed(w, f) for w in self.per_call_untraced])) + shift, float(self.inp.untraced_step_ms))
+            [transforms.host_speed(w, f) for w in self.per_call_untraced])) + shift,
+            float(self.inp.untraced_step_ms), measured)
 
     @cached_property
     def untraced(self) -> list:
