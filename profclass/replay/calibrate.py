@@ -57,27 +57,29 @@ def solve(step_at: Callable[[float], float], given_ms: float, traced_ms: float |
     falls as ``f`` grows (a slower host never shortens the step); ``traced_ms``: the captured
     step, with the profiler."""
     own = step_at(1.0)
+
+    def left(note: str, reached: bool) -> HostCalibration:  # the host as replayed
+        return HostCalibration(given_ms, own, 1.0, own, note, reached)
+
     if traced_ms and given_ms > (1 + AGREE_SHARE) * traced_ms:
         # tracing only adds work: a step without the profiler longer than the captured one is not
         # this job's steady step (warm-up iterations, another configuration)
-        return HostCalibration(given_ms, own, 1.0, own, (
-            f"the given step ({given_ms:.1f} ms) is longer than the captured step with the profiler "
-            f"({traced_ms:.1f}): tracing never makes a job faster, so it is not this job's steady step without "
-            f"the profiler (warm-up iterations? another configuration?); the host is left as replayed"), False)
+        return left(f"the given step ({given_ms:.1f} ms) is longer than the captured step with the profiler "
+                    f"({traced_ms:.1f}): tracing never makes a job faster, so it is not this job's steady step "
+                    f"without the profiler (warm-up iterations? another configuration?); the host is left as "
+                    f"replayed", False)
     if abs(own - given_ms) <= AGREE_SHARE * given_ms:
-        return HostCalibration(given_ms, own, 1.0, own, (
-            f"the given step ({given_ms:.1f} ms) is within {100 * AGREE_SHARE:g}% of the replay's own without the "
-            f"profiler ({own:.1f}): the host is left as replayed"), True)
-    lo, hi = (FACTOR_RANGE[0], 1.0) if own > given_ms else (1.0, FACTOR_RANGE[1])
-    end = step_at(lo if own > given_ms else hi)
-    if (own > given_ms and end > given_ms) or (own < given_ms and end < given_ms):
-        f = lo if own > given_ms else hi
-        side = "faster" if own > given_ms else "slower"
-        return HostCalibration(given_ms, own, 1.0, own, (
-            f"the given step ({given_ms:.1f} ms) is out of the host's reach: with the host {max(f, 1 / f):g}x {side} "
-            f"the replay without the profiler runs {end:.1f} ms (the GPU's own time sets the step there, or the "
-            f"given step is another job's); the host is left as replayed ({own:.1f} ms)"), False)
-    f, s_f = _solve_bracketed(step_at, given_ms, lo, hi, own, end)
+        return left(f"the given step ({given_ms:.1f} ms) is within {100 * AGREE_SHARE:g}% of the replay's own "
+                    f"without the profiler ({own:.1f}): the host is left as replayed", True)
+    faster = own > given_ms  # the host must run faster than replayed to meet it
+    far = FACTOR_RANGE[0] if faster else FACTOR_RANGE[1]
+    end = step_at(far)
+    if (end > given_ms) if faster else (end < given_ms):
+        return left(f"the given step ({given_ms:.1f} ms) is out of the host's reach: with the host "
+                    f"{max(far, 1 / far):g}x {'faster' if faster else 'slower'} the replay without the profiler "
+                    f"runs {end:.1f} ms (the GPU's own time sets the step there, or the given step is another "
+                    f"job's); the host is left as replayed ({own:.1f} ms)", False)
+    f, s_f = _solve_bracketed(step_at, given_ms, min(far, 1.0), max(far, 1.0), own, end)
     return HostCalibration(given_ms, own, f, s_f, (
         f"the host's time without the profiler x{f:.3f}, so that the replayed step meets the given "
         f"{given_ms:.1f} ms (the replay's own: {own:.1f}); every fix is priced on that host"), True)
