@@ -1,6 +1,9 @@
 """The replay section's notes in words: where the verdict's wall is not the one whose removal
-gains most, and what the step without the profiler leaves out on a host-paced job."""
+gains most, what the step without the profiler leaves out on a host-paced job, and each price's
+basis."""
 from __future__ import annotations
+
+from . import pipeline_schedule, pipelined
 
 
 def untraced_caveat(untraced: float, measured: float) -> str:
@@ -18,3 +21,64 @@ def disagreement(verdict: str, largest: str, without: dict, measured: float) -> 
     return (f"the verdict is the {verdict} wall (the largest share of the step), but removing the {largest} "
             f"wall shortens the replayed step most ({gain_l:.1f} vs {gain_v:.1f} ms/step): the {verdict} "
             f"time is partly hidden behind other work, so the step does not fall by its share")
+
+
+def schedule_basis(spec: dict, stages, traced: bool, host_note: str) -> str:
+    return (f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
+            f"per-micro-batch work, rest, exchange cost and sync refill ({describe(spec)}"
+            + (f"; {pipeline_schedule.balance_note(stages)}" if spec.get("balance") else "")
+            + pipeline_schedule.overlap_note(spec, stages)
+            + "), against the schedule "
+            f"simulated at the captured (p, v, m); " + ("both as traced (the profiler kept)" if traced else
+            "both without the profiler (each stage's host time less what the graph replay says CUDA "
+            "tracing added to it)" + host_note))
+
+
+def graph_basis(r, spec: dict, traced: bool) -> str:
+    basis = (f"replay:{spec['kind']}: the captured step replayed with the fix's transform "
+             f"({describe(spec) or 'no parameter'}), against the step replayed as captured, both "
+             + ("with the profiler kept" if traced else "without the profiler's cost"))
+    if spec["kind"] == "fewer_launches" and r.stages is not None:
+        basis += ("; on this pipelined job each stage's host time saved per step is fed to Megatron-Core's "
+                  "schedule simulated with micro_batch_factor times fewer, larger micro-batches (the bubble "
+                  "grows), against the schedule at the captured count")
+    elif pipelined.takes(r, spec):
+        basis += ("; on this pipelined job each stage's saving per step, split between its micro-batches' work "
+                  "and its once-per-step rest by where its timeline shrank, is fed to Megatron-Core's schedule "
+                  "simulated at the captured (p, v, m): the fill and drain shrink with the stages' work")
+    return basis
+
+
+def describe(spec: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("kind", "basis"))
+
+
+def graph_and_schedule(specs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Fixes asked for together: (graph transforms, schedule changes), each in the order asked."""
+    return ([s for s in specs if s["kind"] != pipeline_schedule.KIND],
+            [s for s in specs if s["kind"] == pipeline_schedule.KIND])
+
+
+def together_priced(r, specs: list[dict]) -> bool:
+    """Whether fixes asked for together are priced: graph fixes on a job without a simulated
+    schedule; on a pipelined one, graph fixes whose savings the schedule takes (not a larger
+    micro-batch, which resizes it, nor the collectors' pauses) and schedule changes."""
+    graph, schedule = graph_and_schedule(specs)
+    if r.stages is None:
+        return not schedule
+    return all(pipelined.takes(r, s) for s in graph)
+
+
+def fixes_basis(r, specs: list[dict], stages, traced: bool) -> str:
+    """A price's basis: one fix's, or fixes' together (the plan's arithmetic)."""
+    if len(specs) == 1:
+        return graph_basis(r, specs[0], traced)
+    parts = " + ".join(schedule_basis(s, stages, traced, "") if s["kind"] == pipeline_schedule.KIND
+                       else graph_basis(r, s, traced) for s in specs)
+    if r.stages is not None:
+        return ("together on this pipelined job: the graph fixes' transforms applied in turn, each stage's saving "
+                "taken off its micro-batches' work and rest, and the schedule changes simulated on those leaner "
+                "stages against the captured schedule, at the same point of each range (their gains do not add: "
+                "a shorter micro-batch leaves a smaller bubble): " + parts)
+    return ("together, each transform applied to the weights the one before it left, at the same "
+            "point of each range (the plan's arithmetic): " + parts)

@@ -252,17 +252,24 @@ def gains_ms(spec: dict, st: Stages) -> dict | None:
     """ms per step the fix ``spec`` saves at each point, against the schedule simulated at the
     captured (p, v, m); a micro-batch change is compared per the base's samples (the new step
     times m / m'). None where Megatron would not run the change (interleaving needs m >= p)."""
-    v, m, work, samples = _sizes([spec], st)
-    if v > 1 and m < st.p:
+    out = {point: gain_at([spec], st, point) for point in POINTS}
+    return None if None in out.values() else out
+
+
+def gain_at(specs: list[dict], st: Stages, point: str, lean: Stages | None = None) -> float | None:
+    """ms per step the schedule changes ``specs`` together save at ``point`` against the schedule
+    simulated at the captured (p, v, m) of ``st``, the changed schedule run by ``lean`` (``st``
+    less a graph fix's savings, ``pipelined.lean_stages``; ``st`` where None): the bubble a change
+    removes is then the leaner stages'. The exchange at the first spec's quantile for the point;
+    per the base's samples. None where Megatron would not run the changes."""
+    lean = st if lean is None else lean
+    v, m, work, samples = _sizes(specs, lean)
+    if m < 1 or m != int(m) or (v > 1 and m < st.p):
         return None
-    out = {}
-    for point in POINTS:
-        x = exchange_cost(st, _pick(spec.get("exchange_quantile", 0.5), point))
-        base = step_ns(st, st.v, st.m, x)
-        new = step_ns(st, v, int(m), x, work=work, p2p=p2p_mode([spec], st, point),
-                      slowdown=overlap_slowdown(st, point)) / samples
-        out[point] = (base - new) / 1e6
-    return out
+    x = exchange_cost(st, _pick(next((s["exchange_quantile"] for s in specs if "exchange_quantile" in s), 0.5), point))
+    new = step_ns(lean, v, int(m), x, work=work, p2p=p2p_mode(specs, lean, point),
+                  slowdown=overlap_slowdown(lean, point)) / samples
+    return (step_ns(st, st.v, st.m, x) - new) / 1e6
 
 
 def less_host(st: Stages, saved_ns) -> Stages:

@@ -65,11 +65,17 @@ def work_share(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarr
     return share / np.maximum(n, 1)
 
 
+def lean_stages(r, st: Stages, base_out: scenario.Outcome, out: scenario.Outcome) -> Stages:
+    """The stages ``st`` (measured on ``base_out``) with the graph's savings from ``base_out``
+    to ``out`` taken off their micro-batches' work and their rest, where each stage's timeline
+    shrank. Their busy time (the overlapped exchanges' slowdown) is kept as measured."""
+    return pipeline_schedule.less_time(st, stage_saving(r, base_out, out), work_share(r, base_out, out))
+
+
 def scheduled_ns(r, st: Stages, base_out: scenario.Outcome, out: scenario.Outcome) -> float:
     """The simulated step (ns) of the stages ``st`` (measured on ``base_out``) with the graph's
     savings from ``base_out`` to ``out`` taken off, the exchange at the gaps' median."""
-    lean = pipeline_schedule.less_time(st, stage_saving(r, base_out, out), work_share(r, base_out, out))
-    return pipeline_schedule.step_ns(lean, st.v, st.m, pipeline_schedule.exchange_cost(st, 0.5))
+    return pipeline_schedule.step_ns(lean_stages(r, st, base_out, out), st.v, st.m, pipeline_schedule.exchange_cost(st, 0.5))
 
 
 def gain_ms(r, st: Stages, base_out: scenario.Outcome, before: scenario.Outcome,
@@ -77,6 +83,33 @@ def gain_ms(r, st: Stages, base_out: scenario.Outcome, before: scenario.Outcome,
     """ms per step the graph's change from ``before`` to ``after`` saves on the schedule of ``st``
     (measured on ``base_out``)."""
     return (scheduled_ns(r, st, base_out, before) - scheduled_ns(r, st, base_out, after)) / 1e6
+
+
+def applied_gain_ms(r, applied: list[dict], before: scenario.Outcome, after: scenario.Outcome) -> float | None:
+    """ms per step the graph's change from ``before`` to ``after`` saves on the schedule with the
+    changes ``applied`` (the plan's schedule steps so far), both run by the stages less the graph's
+    savings from the untraced replay (``lean_stages``); None where the schedule cannot run them."""
+    st, base_out = r.untraced_stages, r.untraced_out
+    a = pipeline_schedule.combined_ms(applied, lean_stages(r, st, base_out, before))
+    b = pipeline_schedule.combined_ms(applied, lean_stages(r, st, base_out, after))
+    return None if a is None or b is None else a - b
+
+
+def together_ms(r, graph: list[dict], schedule: list[dict], point: str, start, start_out: scenario.Outcome,
+                st: Stages) -> float | None:
+    """ms per step graph fixes and schedule changes asked for together save on a pipelined job
+    (``st``: its stages, measured on ``start_out``): the graph transforms at ``point`` applied in
+    turn and replayed, each stage's saving taken off its micro-batches' work and rest as a graph
+    fix alone is priced (``gain_ms``), and the schedule changes simulated on those leaner stages,
+    against the schedule simulated at the captured sizes. Their gains do not add: a fix that
+    shortens every micro-batch shrinks the bubble interleaving or more micro-batches remove."""
+    w = start
+    for spec in graph:
+        w = transforms.apply(spec, point, r.traces, w, r.ctx)
+        if w is None:
+            return None
+    lean = lean_stages(r, st, start_out, r.replay(w)) if graph else st
+    return pipeline_schedule.gain_at(schedule, st, point, lean)
 
 
 def bigger_microbatch_on(r, spec: dict, weights, weights_out: scenario.Outcome) -> float | None:

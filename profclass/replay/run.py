@@ -15,6 +15,7 @@ from ..analyzers.host import PROBE_NS_CORPUS
 from ..fixes import request_parts
 from .constants import HOST_SPEED
 from .plan import fix_plan
+from . import notes
 from .notes import disagreement, untraced_caveat
 from .trace import GpuTrace
 
@@ -226,8 +227,8 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         traced = price_requests(r, also, table, traced=True)
         section["requested"] = {i: {**vars(p), "traced": vars(traced[i]) if i in traced else None}
                                 for i, p in prices.items() if i in also}
-    missing = _missing(r) + [f"what-if {i}: not priced (no transform of it acts on this profile; fixes together: "
-                             "graph fixes on a job without a pipeline schedule only)" for i in also if i not in prices]
+    missing = _missing(r) + [f"what-if {i}: not priced (no transform of it acts on this profile; fixes together: graph "
+                             "fixes, or on a pipelined job graph fixes and schedule changes)" for i in also if i not in prices]
     if r.calibration is not None and not r.calibration.reached:
         missing.append(f"replay: host calibration: {r.calibration.note}")
     if verdict_wall == "host" and len(r.traces) > 1 and r.calibration is None:
@@ -305,9 +306,8 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
     variants = () if traced else r.host_variants
     for f in chosen:
         specs = _specs(f, table)
-        if not specs or (len(specs) > 1 and (r.stages is not None or any(
-                s["kind"] == pipeline_schedule.KIND for s in specs))):
-            continue  # fixes together: graph fixes on a job without a pipeline schedule only
+        if not specs or (len(specs) > 1 and not notes.together_priced(r, specs)):
+            continue  # fixes together: graph fixes, or graph fixes and schedule changes on a pipelined job
         spec = specs[0]
         if spec["kind"] == pipeline_schedule.KIND:
             gains = pipeline_schedule.gains_ms(spec, stages) if r.stages is not None else None
@@ -315,7 +315,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
                 spread = [g["best"] for g in (pipeline_schedule.gains_ms(spec, st) for _, _, _, st in variants) if g]
                 prices[f.get("request", f["id"])] = FixPrice(
                     f["id"], round(min(*gains.values(), *spread), 2), round(gains["best"], 2),
-                    round(max(*gains.values(), *spread), 2), _schedule_basis(spec, stages, traced, _host_note(r)))
+                    round(max(*gains.values(), *spread), 2), notes.schedule_basis(spec, stages, traced, _host_note(r)))
             continue
         gains = {}
         for point in transforms.POINTS:
@@ -327,10 +327,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
             continue
         spread = [g for g in (_graph_gain(r, specs, "best", w, o, st) for _, w, o, st in variants) if g is not None]
         lo, hi = min(*gains.values(), *spread), max(*gains.values(), *spread)
-        basis = " + ".join(_graph_basis(r, s, traced) for s in specs)
-        if len(specs) > 1:
-            basis = ("together, each transform applied to the weights the one before it left, at the same "
-                     "point of each range (the plan's arithmetic): " + basis)
+        basis = notes.fixes_basis(r, specs, stages, traced)
         prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
                                                      basis + ("" if traced else _host_note(r)))
     return prices
@@ -351,7 +348,10 @@ def _specs(f: dict, table: dict) -> list[dict]:
 def _graph_gain(r: Replayer, specs: list[dict], point: str, start: list, start_out: scenario.Outcome,
                 stages) -> float | None:
     """ms per step the fixes' transforms at ``point``, applied in turn, take off the step
-    replayed from ``start`` (None where one has nothing to act on)."""
+    replayed from ``start`` (None where one has nothing to act on); together on a pipelined job,
+    through its schedule (``pipelined.together_ms``)."""
+    if len(specs) > 1 and r.stages is not None:
+        return pipelined.together_ms(r, *notes.graph_and_schedule(specs), point, start, start_out, stages)
     w = start
     for spec in specs:
         w = transforms.apply(spec, point, r.traces, w, r.ctx)
@@ -384,36 +384,6 @@ def _host_note(r: Replayer) -> str:
            f"{r.inp.host_probe_ns:.0f} ns, at least HOST_SPEED either way")
     return (f"; the range also holds it with the host's time x{fast:g} and x{slow:g} (the host that banks "
             f"the gain is not the captured one: {why})")
-
-
-def _schedule_basis(spec: dict, stages, traced: bool, host_note: str) -> str:
-    return (f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
-            f"per-micro-batch work, rest, exchange cost and sync refill ({_describe(spec)}"
-            + (f"; {pipeline_schedule.balance_note(stages)}" if spec.get("balance") else "")
-            + pipeline_schedule.overlap_note(spec, stages)
-            + "), against the schedule "
-            f"simulated at the captured (p, v, m); " + ("both as traced (the profiler kept)" if traced else
-            "both without the profiler (each stage's host time less what the graph replay says CUDA "
-            "tracing added to it)" + host_note))
-
-
-def _graph_basis(r: Replayer, spec: dict, traced: bool) -> str:
-    basis = (f"replay:{spec['kind']}: the captured step replayed with the fix's transform "
-             f"({_describe(spec) or 'no parameter'}), against the step replayed as captured, both "
-             + ("with the profiler kept" if traced else "without the profiler's cost"))
-    if spec["kind"] == "fewer_launches" and r.stages is not None:
-        basis += ("; on this pipelined job each stage's host time saved per step is fed to Megatron-Core's "
-                  "schedule simulated with micro_batch_factor times fewer, larger micro-batches (the bubble "
-                  "grows), against the schedule at the captured count")
-    elif pipelined.takes(r, spec):
-        basis += ("; on this pipelined job each stage's saving per step, split between its micro-batches' work "
-                  "and its once-per-step rest by where its timeline shrank, is fed to Megatron-Core's schedule "
-                  "simulated at the captured (p, v, m): the fill and drain shrink with the stages' work")
-    return basis
-
-
-def _describe(spec: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("kind", "basis"))
 
 
 def _missing(r: Replayer) -> list[str]:
