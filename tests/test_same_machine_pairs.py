@@ -1,6 +1,6 @@
-"""The thirtieth session's calls AP-AS, the thirty-second's AU, AW and AX and the thirty-third's
-BB (docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz,
-timers/s30/, s32/ and s33/) by
+"""The thirtieth session's calls AP-AS, the thirty-second's AU, AW and AX, the thirty-third's
+BB and BC and the thirty-fourth's BE and BF (docs/notes.md), judged again from their packed timer
+logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/ and s34/) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
 committed before the run) or from the prices the call wrote on its machine (AP, AQ), never from
@@ -29,8 +29,8 @@ judge_pairs = _module("judge_pairs", ROOT / "fixtures" / "workloads" / "judge_pa
 LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtures/timers/s30/",
         "AS": "fixtures/timers/s30/", "AU": "fixtures/timers/s32/", "AW": "fixtures/timers/s32/",
         "AX": "fixtures/timers/s32/", "BB": "fixtures/timers/s33/",
-        "BC": "fixtures/timers/s33/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BC]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "BC": "fixtures/timers/s33/", "BE": "fixtures/timers/s34/", "BF": "fixtures/timers/s34/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEF]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
@@ -38,7 +38,14 @@ ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BC]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", r
 RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3": ("bb2", 6, 16),
         "BB4": ("bb2", 6, 16), "BB5": ("bb", 8, 24), "BB6": ("bb", 8, 24), "BB7": ("bb", 8, 24),
         "BB8": ("bb", 8, 24), "BC1": ("bc", 8, 20), "BC2": ("bc", 8, 20), "BC3": ("bc", 6, 14),
-        "BC4": ("bc", 6, 14)}
+        "BC4": ("bc", 6, 14), "BE1": ("be", 6, 16), "BE2": ("be", 6, 16), "BE3": ("be2", 6, 16),
+        "BE4": ("be2", 6, 16), "BE5": ("be2", 6, 16), "BE6": ("be", 8, 20), "BE7": ("be", 8, 20),
+        "BE8": ("be", 8, 20), "BF1": ("bf", 6, 16), "BF2": ("bf", 6, 16), "BF3": ("bf", 6, 16)}
+# candidates that ran twice the base's micro-batches a step, judged per the base's (registered "per 4")
+PER_BASE_MICROBATCHES = {"BE1": 2, "BF1": 2, "BF2": 2, "BF3": 2}
+# prices written after the call's first file, and the device calls that ran their twins (BE5: priced
+# once 994b2e4 could, before call_be2 ran its twin)
+LATE_PRICES = {"BE5": ("be5_prices.json", ("be2",))}
 PRICE = re.compile(r"\| (-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\] \|")
 
 
@@ -55,6 +62,16 @@ def _registration(call: str) -> str:
     return notes.split(f"### {heading}")[1].split("\n### ")[0]
 
 
+def _row_price(label: str, rest: str, call: str) -> dict:
+    """A registration row's price; a pair registered after its row (``LATE_PRICES``) from the file
+    the notebook's paragraph quotes."""
+    if label in LATE_PRICES:
+        p = next(p for p in json.loads(_read(LATE_PRICES[label][0], call))["pairs"] if p["label"] == label)
+        return {k: p[k] for k in ("best_ms", "low_ms", "high_ms")}
+    best, low, high = map(float, PRICE.search("|" + rest).groups())
+    return {"best_ms": best, "low_ms": low, "high_ms": high}
+
+
 def _judged(call: str) -> list[dict]:
     """The call's pairs as registered, judged from the logs (steady iterations 10..30 unless
     ``RUNS`` says otherwise)."""
@@ -66,19 +83,19 @@ def _judged(call: str) -> list[dict]:
     else:
         prices = {}
         for label, _, _, rest in rows:
-            best, low, high = map(float, PRICE.search("|" + rest).groups())
-            prices[label] = {"best_ms": best, "low_ms": low, "high_ms": high}
+            prices[label] = _row_price(label, rest, call)
     out = []
     for label, base, cand, _ in rows:
         runs, first, last = RUNS.get(label, (prefix, 10, 30))
+        per = f"/{PER_BASE_MICROBATCHES[label]}" if label in PER_BASE_MICROBATCHES else ""
         out += judge_pairs.judge_call(prices, lambda name: _read(name, call), first, last,
-                                      [f"{label}={runs}:{base}:{cand}"])
+                                      [f"{label}={runs}:{base}:{cand}{per}"])
     return out
 
 
 @pytest.mark.parametrize("call, measured, in_range, within", [
     ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1), ("AU", 6, 6, 6), ("AW", 6, 6, 5),
-    ("AX", 2, 2, 1), ("BB", 0, 0, 0), ("BC", 0, 0, 0)])
+    ("AX", 2, 2, 1), ("BB", 0, 0, 0), ("BC", 0, 0, 0), ("BE", 8, 8, 8), ("BF", 3, 3, 3)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -98,24 +115,25 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
 
 @pytest.mark.parametrize("call, pairs, drivers", [("AU", 6, ("au1", "au2")), ("AW", 8, ("aw1", "aw2")),
                                                   ("AX", 2, ("ax",)), ("BB", 9, ("bb1", "bb2", "bb3")),
-                                                  ("BC", 4, ("bc",))])
+                                                  ("BC", 4, ("bc",)), ("BE", 8, ("be1", "be2", "be3")),
+                                                  ("BF", 3, ("bf",))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
-    """Calls AU, AW, AX and BB (registered the brief's way): the notebook's prices are
-    price_pairs.py's file, whose UTC time precedes the start of each device call that ran the
-    twins."""
-    prefix = call.lower()
-    written = json.loads(_read(f"{prefix}_prices.json", call))
-    by_label = {p["label"]: p for p in written["pairs"]}
+    """Calls AU-BF (registered the brief's way): the notebook's prices are price_pairs.py's file,
+    whose UTC time precedes the start of each device call that ran the twins (a late price's, of
+    the calls that ran its twin)."""
     rows = ROW.findall(_registration(call))
     assert len(rows) == pairs
     for label, _, _, rest in rows:
-        best, low, high = map(float, PRICE.search("|" + rest).groups())
-        p = by_label[label]
-        assert (best, low, high) == (p["best_ms"], p["low_ms"], p["high_ms"]), label
-    stamp = written["written_utc"].replace("+00:00", "Z")
-    for driver in (f"{d}_driver.log" for d in drivers):
-        start = re.search(r"start (\S+)", _read(driver, call)).group(1)
-        assert stamp < start, (stamp, driver, start)
+        file, its_drivers = LATE_PRICES.get(label, (f"{call.lower()}_prices.json", drivers))
+        written = json.loads(_read(file, call))
+        p = next(p for p in written["pairs"] if p["label"] == label)
+        assert _row_price(label, rest, call) == {k: p[k] for k in ("best_ms", "low_ms", "high_ms")}, label
+        if label in LATE_PRICES:  # the notebook quotes it where it registers it
+            assert f"{p['best_ms']} [{p['low_ms']}, {p['high_ms']}]" in _registration(call), label
+        stamp = written["written_utc"].replace("+00:00", "Z")
+        for driver in (f"{d}_driver.log" for d in its_drivers):
+            start = re.search(r"start (\S+)", _read(driver, call)).group(1)
+            assert stamp < start, (label, stamp, driver, start)
 
 
 def test_a_run_that_did_not_finish_leaves_its_pair_unmeasured():
