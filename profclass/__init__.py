@@ -5,6 +5,7 @@
     d.verdict["wall"], d.walls, d.fixes
     r = profclass.diff("good.sqlite", "new.sqlite")  # regression triage: r.regression, r.verdict
     profclass.run_hook("run.nsys-rep")               # post-job hook: reports beside the profile
+    profclass.train_log.read_untraced_step("train.log")  # the job's step without the profiler, from its log
 
 The public names are imported on first use (PEP 562), so ``import profclass`` and the command
 line's ``--help`` and ``explain`` do not pay for pandas and the rest of the pipeline.
@@ -24,6 +25,8 @@ __all__ = ["Diagnosis", "DiffResult", "HookResult", "ProfileError", "diagnose", 
 # public name -> the submodule that defines it
 _LAZY = {"Diagnosis": "pipeline", "diagnose": "pipeline", "DiffResult": "diff", "diff": "diff",
          "HookResult": "hook", "run_hook": "hook"}
+# public submodules, imported on first use as well
+_SUBMODULES = ("train_log",)
 
 if TYPE_CHECKING:
     from .diff import DiffResult, diff
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return import_module(f".{name}", __name__)  # the import binds it here: no second look-up
     if name not in _LAZY:
         raise AttributeError(f"module 'profclass' has no attribute {name!r}")
     value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
@@ -40,7 +45,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
 
 
 class _Package(types.ModuleType):

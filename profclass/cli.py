@@ -95,6 +95,54 @@ def _positive_ms(ctx, param, value):
     return value
 
 
+def _log_regex(ctx, param, value):
+    if value is None:
+        return None
+    from .train_log import user_format
+    try:
+        user_format(value)
+    except ProfileError as exc:
+        raise click.BadParameter(exc.problem) from None
+    return value
+
+
+def _skip_ranges(ctx, param, value):
+    if not value:
+        return ()
+    from .train_log import skip_range
+    try:
+        return tuple(skip_range(v) for v in value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def train_log_options(command):
+    """``--train-log FILE`` and how to read it, on ``diagnose`` and ``hook``: the job's own step
+    without the profiler from its training log, instead of ``--untraced-step-ms``."""
+    for option in reversed((
+            click.option("--train-log", "train_log", default=None, metavar="FILE",
+                         help="The job's training log: its median iteration time outside warm-up and the profiled "
+                              "iterations is the step without the profiler the replay calibrates its host to "
+                              "(Megatron-LM's 'elapsed time per iteration', NeMo's 'train_step_timing in s', "
+                              "STEP_MS lines). Instead of --untraced-step-ms."),
+            click.option("--train-log-regex", "train_log_regex", default=None, callback=_log_regex, metavar="REGEX",
+                         help="The log's iteration time for another format: a regex with one named group ms "
+                              "(or s) and optionally it (the iteration)."),
+            click.option("--train-log-skip", "train_log_skip", multiple=True, callback=_skip_ranges, metavar="A..B",
+                         help="Logged iterations to leave out besides warm-up and the profiled range (repeatable)."))):
+        command = option(command)
+    return command
+
+
+def check_train_log(train_log, regex, skip, untraced_step_ms) -> None:
+    """Usage errors of the training-log options (exit 2, before any work)."""
+    if train_log is None and (regex or skip):
+        raise click.UsageError("--train-log-regex and --train-log-skip read the log given by --train-log FILE")
+    if train_log is not None and untraced_step_ms is not None:
+        raise click.UsageError("give the job's step without the profiler as --untraced-step-ms or --train-log, "
+                               "not both")
+
+
 def _what_if(ctx, param, value):
     """``--what-if`` requests: fix ids with a replay transform, joined by "+" to apply together,
     each with an optional ``:key=value,...`` change (``host_bigger_launches:microbatch_factor=4``)."""
@@ -141,13 +189,16 @@ def main():
               help="The job's own step time without the profiler (its training log's iteration time, e.g. Megatron's "
                    "'elapsed time per iteration', outside the captured range): the replay calibrates the host's "
                    "speed to it before pricing the fixes and the plan.")
+@train_log_options
 def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, jobs, scheduler, what_if,
-             untraced_step_ms):
+             untraced_step_ms, train_log, train_log_regex, train_log_skip):
     """Diagnose PROFILES: one nsys export holding every rank, one export per rank, or a
     directory of them (.sqlite, .sqlite.zst, .sqlite.xz, .nsys-rep)."""
     one_heap()
+    check_train_log(train_log, train_log_regex, train_log_skip, untraced_step_ms)
     check_output(output)
     _check_inputs(profiles)
+    log = _read_train_log(train_log, train_log_regex, train_log_skip)
     from .pipeline import diagnose as run
     from .progress import reporter
     with reporter(quiet) as progress:
@@ -155,7 +206,7 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, job
             # markdown and html show the top kernels and the timeline: keep the timelines
             d = run(list(profiles), iteration_regex=iteration_regex, progress=progress,
                     keep_timelines=fmt in ("markdown", "html"), jobs=jobs, scheduler=scheduler,
-                    price_fixes=what_if, untraced_step_ms=untraced_step_ms)
+                    price_fixes=what_if, untraced_step_ms=untraced_step_ms, train_log=log)
         except ProfileError as exc:
             progress.__exit__()
             _fail(exc)
@@ -180,6 +231,18 @@ def diagnose(profiles, fmt, iteration_regex, fail_on, output, detail, quiet, job
         click.echo(text, nl=False)
     if d.verdict["wall"] in fail_on:
         sys.exit(EXIT_FAIL_ON)
+
+
+def _read_train_log(path, regex, skip):
+    """The training log given by --train-log, read before the profile: one that cannot be read or
+    holds no iteration time is bad input (one line, exit 2)."""
+    if path is None:
+        return None
+    from .train_log import read
+    try:
+        return read(path, regex=regex, skip=skip)
+    except ProfileError as exc:
+        _fail(exc)
 
 
 @main.command()
@@ -323,15 +386,19 @@ def diff_cmd(sides, base_opt, cand_opt, fmt, fail_above, min_effect, alpha, iter
 @click.option("--untraced-step-ms", "untraced_step_ms", type=float, default=None, callback=_positive_ms, metavar="MS",
               help="The job's own step time without the profiler (its timer over iterations outside the "
                    "capture): the replay calibrates the host's speed to it before pricing the fixes.")
-def hook(profiles, out_dir, baseline, fail_on, fail_above, min_effect, iteration_regex, strict, untraced_step_ms):
+@train_log_options
+def hook(profiles, out_dir, baseline, fail_on, fail_above, min_effect, iteration_regex, strict, untraced_step_ms,
+         train_log, train_log_regex, train_log_skip):
     """Post-job hook: diagnose PROFILES (one job), write <profile>.profclass.json and .md beside
     it, print one line for the training log. Exits 0 unless --fail-on / --fail-above (or
     --strict) asks otherwise: it never fails the job on its own."""
     one_heap()
+    check_train_log(train_log, train_log_regex, train_log_skip, untraced_step_ms)
     from .hook import run_hook
     res = run_hook(list(profiles), out=out_dir, baseline=list(baseline), fail_on=fail_on,
                    fail_above=fail_above, iteration_regex=iteration_regex, strict=strict,
-                   min_effect=min_effect / 100, untraced_step_ms=untraced_step_ms)
+                   min_effect=min_effect / 100, untraced_step_ms=untraced_step_ms, train_log=train_log,
+                   train_log_regex=train_log_regex, train_log_skip=train_log_skip)
     for m in res.messages:
         click.echo(m, err=True)
     if res.diagnosis is not None:

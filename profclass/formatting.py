@@ -115,7 +115,8 @@ def replay_lines(d) -> list[str]:
         out.append(r["note"][0].upper() + r["note"][1:] + ".")
     hc = r.get("host_calibration")
     if hc:
-        out.append(f"Host calibrated to the job's own step without the profiler ({hc['given_step_ms']:.1f} ms): "
+        source = f", from {hc['source']}" if hc.get("source") else ""  # since schema 2.16.0
+        out.append(f"Host calibrated to the job's own step without the profiler ({hc['given_step_ms']:.1f} ms{source}): "
                    + hc["note"] + ".")
     ps = r.get("pipeline_schedule")
     if ps and ps.get("error_pct") is not None:

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import ProfileError
 from .inputs import PROFILE_SUFFIXES
@@ -105,31 +105,59 @@ def _write_reports(json_path: str, md_path: str, record: dict, md: str, messages
         return False
 
 
+def _read_train_log(path, regex: str | None, skip) -> tuple[object, str | None]:
+    """(the job's training log as read, None), or (None, the error line) where it cannot be read
+    or holds no iteration time: the hook then diagnoses without it."""
+    if path is None:
+        return None, None
+    from .train_log import read
+    try:
+        return read(path, regex=regex, skip=skip), None
+    except ProfileError as exc:
+        return None, f"profclass: error: {exc}"
+
+
+def _diagnosed(paths: list[str], bad_input: int, **options):
+    """(the Diagnosis, None), or (None, the HookResult saying why there is none)."""
+    from .pipeline import diagnose
+    try:
+        return diagnose(paths, **options), None
+    except ProfileError as exc:
+        return None, HookResult(bad_input, f"profclass: error: {exc}", messages=[f"profclass: error: {exc}"])
+    except Exception as exc:  # a hook must not fail the job over a profclass bug
+        msg = f"profclass: internal error on {', '.join(paths)}: {type(exc).__name__}: {exc}"
+        return None, HookResult(bad_input, msg, messages=[msg])
+
+
 def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_above: float | None = None,
              iteration_regex: str | None = None, strict: bool = False, min_effect: float | None = None,
-             alpha: float | None = None, untraced_step_ms: float | None = None) -> HookResult:
+             alpha: float | None = None, untraced_step_ms: float | None = None, train_log=None,
+             train_log_regex: str | None = None, train_log_skip=()) -> HookResult:
     """Diagnose ``profiles`` (one job: a file, rank files or a directory), optionally diff it
     against ``baseline`` (profile paths or a stored diagnosis JSON), write the JSON and
     Markdown reports and return the one-line summary and the exit code the job should use.
-    ``untraced_step_ms``: the job's own step without the profiler (``diagnose``'s)."""
+    ``untraced_step_ms``: the job's own step without the profiler (``diagnose``'s); or
+    ``train_log``: the job's training log (a path; ``train_log_regex``, ``train_log_skip``: how
+    to read it, profclass.train_log), which, unreadable, is bad input the hook goes on without."""
     from . import report
     from .version import __version__
     from .contract import input_hashes, stamp
     from .diff import ALPHA, MIN_EFFECT, diff, one_line as diff_line, render_markdown as diff_md
-    from .pipeline import diagnose
 
     paths, baseline = _as_paths(profiles), _as_paths(baseline) if baseline else []
     bad_input = EXIT_BAD_INPUT if strict else EXIT_OK
-    try:
-        d = diagnose(paths, iteration_regex=iteration_regex, untraced_step_ms=untraced_step_ms)
-    except ProfileError as exc:
-        return HookResult(bad_input, f"profclass: error: {exc}", messages=[f"profclass: error: {exc}"])
-    except Exception as exc:  # a hook must not fail the job over a profclass bug
-        msg = f"profclass: internal error on {', '.join(paths)}: {type(exc).__name__}: {exc}"
-        return HookResult(bad_input, msg, messages=[msg])
+    log, log_error = _read_train_log(train_log, train_log_regex, train_log_skip)
+    if log_error and strict:
+        return HookResult(EXIT_BAD_INPUT, log_error, messages=[log_error])
+    d, failed = _diagnosed(paths, bad_input, iteration_regex=iteration_regex, untraced_step_ms=untraced_step_ms,
+                           train_log=log)
+    if failed:
+        return failed
+    messages: list[str] = [f"{log_error}; diagnosed without it"] if log_error else []
+    if log_error:  # in the record too
+        d = replace(d, missing=[*d.missing, f"{log_error.removeprefix('profclass: error: ')}: the host is not calibrated"])
     line = report.one_line(d)
     r = None
-    messages: list[str] = []
     if baseline:
         try:
             r = diff(baseline, d, iteration_regex=iteration_regex,

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from . import analyzers, classify, config, fixes, pitfalls
+from . import analyzers, classify, config, fixes, pitfalls, train_log as train_logs
 from .analyzers import GpuRecord, Job, iterations, layout_stage, matching, memory, pipeline_bubbles, stragglers
 from .clocks import align_clocks
 from .contract import stamp
@@ -123,7 +123,7 @@ def _jsonable(o):
 def diagnose(paths, iteration_regex: str | None = None, progress=None,
              keep_timelines: bool = False, jobs: int = 1, scheduler: str | None = None,
              price_fixes: tuple[str, ...] = (), keep_replay: bool = False,
-             untraced_step_ms: float | None = None) -> Diagnosis:
+             untraced_step_ms: float | None = None, train_log=None) -> Diagnosis:
     """Diagnose a job from its nsys exports. Raises ProfileError on bad input.
 
     ``progress(message, fraction=None)``, when given, is called as each stage starts
@@ -134,7 +134,9 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
     ``id[:key=value,...]`` with the change a run made; ``a+b`` prices fixes applied together.
     ``untraced_step_ms``: the job's own step without the profiler (its log's iteration time outside
     the capture); the replay's host is calibrated to it before any fix is priced
-    (``replay.calibrate``).
+    (``replay.calibrate``). ``train_log``: instead, the job's training log (a path, or a
+    ``train_log.TrainLog`` as ``train_log.read`` returns it, for another format or iterations to
+    leave out): its median step outside warm-up and the profiled iterations (``profclass.train_log``).
     ``jobs``: per-file work in that many local processes; ``scheduler``: on a Dask cluster
     (an address, or ``local``); either way only compact per-rank summaries come back
     (``profclass.ranks``), and the result is the same as in one process.
@@ -149,6 +151,7 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
             raise ProfileError("--iteration-range", f"not a valid regular expression ({exc})") from None
     if untraced_step_ms is not None and not (np.isfinite(untraced_step_ms) and untraced_step_ms > 0):
         raise ProfileError("--untraced-step-ms", f"not a positive number of ms ({untraced_step_ms})")
+    untraced = _untraced(untraced_step_ms, train_log)
     with resolve(paths, progress=progress) as files:
         # timelines (whole DataFrames) stay in the process that made them: keeping them means
         # the per-file work runs here
@@ -156,8 +159,7 @@ def diagnose(paths, iteration_regex: str | None = None, progress=None,
                                     jobs=1 if keep_timelines else jobs,
                                     scheduler=None if keep_timelines else scheduler,
                                     keep_timelines=keep_timelines, progress=progress)
-        d, gpus = _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes,
-                          untraced_step_ms)
+        d, gpus = _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes, untraced)
     if keep_timelines:
         for g in gpus:
             if g.timeline is not None:
@@ -178,7 +180,18 @@ def diagnose_summaries(summaries, files, paths, iteration_regex: str | None = No
     return replace(d, extra=replace(d.extra, replay_inputs=None))
 
 
-def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes=(), untraced_step_ms=None):
+def _untraced(untraced_step_ms: float | None, train_log):
+    """The job's given step without the profiler: a number of ms, a read ``train_log.TrainLog``
+    (a path is read here, before any work: a bad log is bad input), or None."""
+    if train_log is None:
+        return untraced_step_ms
+    if untraced_step_ms is not None:
+        raise ProfileError("--train-log", "give the job's step without the profiler as --untraced-step-ms or "
+                                          "--train-log, not both")
+    return train_log if isinstance(train_log, train_logs.TrainLog) else train_logs.read(train_log)
+
+
+def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, price_fixes=(), untraced=None):
     """Per-file summaries -> the job's step across files -> one job -> the Diagnosis."""
     summaries = _agree_across_files(summaries, files, iteration_regex, keep_timelines)
     profiles = [fs.meta for fs in summaries]
@@ -190,7 +203,7 @@ def _reduce(summaries, files, paths, iteration_regex, keep_timelines, progress, 
                            "no GPU kernels in the profile (CPU-only capture, or CUDA tracing was off)")
     if progress:
         progress(f"analysing {len(gpus)} GPU(s)")
-    return analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], paths, price_fixes, untraced_step_ms), gpus
+    return analyse(profiles, gpus, all_ops, [f.rank_hint for f in files], paths, price_fixes, untraced), gpus
 
 
 def _agree_across_files(summaries, files, regex, keep_timelines):
@@ -227,7 +240,7 @@ def _agree_across_files(summaries, files, regex, keep_timelines):
     return out
 
 
-def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced_step_ms=None) -> Diagnosis:
+def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced=None) -> Diagnosis:
     """The job-level stages over the per-rank summaries, each on the frozen outputs of the ones
     before it: layout -> communication -> pipeline -> stragglers -> classify -> configuration
     -> the analyzers' job halves -> fixes and pitfalls, into one Diagnosis (the last two: diagnose's)."""
@@ -262,7 +275,7 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced_step
     chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, flags, out.numbers, step_ms=job.step_ms)
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     undo = pitfalls.undoing_fixes(found)
-    inp = _replay_inputs(job, gpus, out.numbers["probe_call_ns"], untraced_step_ms)
+    inp, untraced_missing = _replay_inputs(job, gpus, out.numbers["probe_call_ns"], untraced)
     # every wall's fixes that apply: a pitfall's fix may enter the plan, and a wall's fixes join
     # it once a step leaves that wall the largest
     every_wall = fixes.select(list(classify.WALLS), facts, flags, out.numbers, step_ms=job.step_ms)
@@ -281,7 +294,7 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced_step
                                                                   for r in records]),
         fixes=chosen, evidence=out.evidence, config=cfg, pitfalls=found,
         missing=(sorted({m for p in profiles for m in p.missing}) + config.scope_missing(cfg)
-                 + config.graph_trace_missing(cfg) + out.missing + replayed.missing),
+                 + config.graph_trace_missing(cfg) + out.missing + untraced_missing + replayed.missing),
         clock={"aligned_sources": len(skew), "residual_skew_ns": skew} if skew else {},
         nsys_versions=sorted({p.nsys_version for p in profiles if p.nsys_version}),
         kernels=table_records(kernel_table(gpus, [r.iterations for r in records], list(comm.kernels))),
@@ -289,18 +302,21 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced_step
         **out.sections)
 
 
-def _replay_inputs(job: Job, gpus, host_probe_ns: float | None,
-                   untraced_step_ms: float | None = None) -> replay_run.ReplayInputs:
+def _replay_inputs(job: Job, gpus, host_probe_ns: float | None, untraced=None) -> tuple[replay_run.ReplayInputs, list]:
     """The replay stage's inputs: the job's per-GPU traces (on the job's clock), its
     collectives' groups, its measured steps, the host's speed (the host analyzer's probe), the
-    job's own step without the profiler where the user gave it (profclass.replay)."""
+    job's own step without the profiler where the user gave it, a number or a training log read
+    with the launch line's profiled range (profclass.replay, profclass.train_log); and the
+    ``missing`` lines of a log that gave no step."""
+    given = train_logs.given_step(untraced, job.flags)
     return replay_run.ReplayInputs(
         traces=tuple(replace(g.replay_trace, shift_ns=g.shift_ns) for g in gpus),
         comm_kernels=tuple(job.comm.kernels), members=tuple(job.comm.members), ranks=tuple(g.rank for g in gpus),
         step_ns=tuple(r.analysis.window.window_ns / r.iterations for r in job.records),
         profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records),
         microbatches=job.layout.size("microbatches") if job.layout else None,
-        pipeline=job.pipeline, host_probe_ns=host_probe_ns, untraced_step_ms=untraced_step_ms)
+        pipeline=job.pipeline, host_probe_ns=host_probe_ns, untraced_step_ms=given.step_ms,
+        untraced_step_source=given.source), list(given.missing)
 
 
 def _kernel_names(records) -> pd.Series | None:

@@ -76,7 +76,8 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
     if getattr(d, "plan", None):
         start = (d.replay or {}).get("untraced_step_ms") or d.window["step_ms"]["mean"]
         hc = (d.replay or {}).get("host_calibration")
-        host = f", the host x{hc['host_factor']:.2f} to meet the given step" if hc and hc["host_factor"] != 1 else ""
+        given = "the train log's step" if hc and hc.get("source", "").startswith("train log") else "the given step"
+        host = f", the host x{hc['host_factor']:.2f} to meet {given}" if hc and hc["host_factor"] != 1 else ""
         blocks.append(("fix plan", wrap(f"Fix plan (each fix replayed on top of the ones before it, from the "
                                         f"{start:.1f} ms step without the profiler{host}):")
                        + [x for i, step in enumerate(plan_steps(d), 1) for x in wrap(f"{i}. {step}", "   ")]))

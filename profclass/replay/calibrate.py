@@ -44,22 +44,25 @@ class HostCalibration:
     reached_step_ms: float  # the replay's untraced step with the factor
     note: str  # what was done, and why, for the report and ``missing``
     reached: bool  # False where no factor in range meets the given step (the host is then left as replayed)
+    source: str = ""  # where the given step came from (--untraced-step-ms, or a train log and what it used)
 
     def section(self) -> dict:
-        return dict(given_step_ms=round(self.given_step_ms, 3), replayed_step_ms=round(self.replayed_step_ms, 3),
+        return dict(given_step_ms=round(self.given_step_ms, 3), source=self.source,
+                    replayed_step_ms=round(self.replayed_step_ms, 3),
                     host_factor=round(self.host_factor, 4), reached_step_ms=round(self.reached_step_ms, 3),
                     note=self.note)
 
 
-def solve(step_at: Callable[[float], float], given_ms: float, traced_ms: float | None = None) -> HostCalibration:
+def solve(step_at: Callable[[float], float], given_ms: float, traced_ms: float | None = None,
+          source: str = "") -> HostCalibration:
     """The factor on the untraced host's time whose replayed step meets ``given_ms``;
     ``step_at(f)``: the untraced step (ms) replayed with the host's time times ``f``, which never
     falls as ``f`` grows (a slower host never shortens the step); ``traced_ms``: the captured
-    step, with the profiler."""
+    step, with the profiler; ``source``: where ``given_ms`` came from, for the report."""
     own = step_at(1.0)
 
     def left(note: str, reached: bool) -> HostCalibration:  # the host as replayed
-        return HostCalibration(given_ms, own, 1.0, own, note, reached)
+        return HostCalibration(given_ms, own, 1.0, own, note, reached, source)
 
     if traced_ms and given_ms > (1 + AGREE_SHARE) * traced_ms:
         # tracing only adds work: a step without the profiler longer than the captured one is not
@@ -82,7 +85,7 @@ def solve(step_at: Callable[[float], float], given_ms: float, traced_ms: float |
     f, s_f = _solve_bracketed(step_at, given_ms, min(far, 1.0), max(far, 1.0), own, end)
     return HostCalibration(given_ms, own, f, s_f, (
         f"the host's time without the profiler x{f:.3f}, so that the replayed step meets the given "
-        f"{given_ms:.1f} ms (the replay's own: {own:.1f}); every fix is priced on that host"), True)
+        f"{given_ms:.1f} ms (the replay's own: {own:.1f}); every fix is priced on that host"), True, source)
 
 
 def _solve_bracketed(step_at, given_ms: float, lo: float, hi: float, s_own: float, s_end: float):

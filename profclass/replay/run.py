@@ -36,6 +36,7 @@ class ReplayInputs:
     pipeline: object = None  # the pipeline analyzer's PipelineResult (stages, sizes, per-stage times)
     host_probe_ns: float | None = None  # the host's speed (analyzers/host.py: the probe's median), None unread
     untraced_step_ms: float | None = None  # the job's own step without the profiler, as the user gave it
+    untraced_step_source: str = ""  # where it came from (--untraced-step-ms, a train log: train_log.GivenStep)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class Replayer:
         shift = measured - self.step_ms(self.base)  # as the section's steps
         return calibrate.solve(lambda f: self.step_ms(self.replay(
             [transforms.host_speed(w, f) for w in self.per_call_untraced])) + shift,
-            float(self.inp.untraced_step_ms), measured)
+            float(self.inp.untraced_step_ms), measured, self.inp.untraced_step_source)
 
     @cached_property
     def untraced(self) -> list:
