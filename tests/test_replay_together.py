@@ -37,3 +37,27 @@ def test_the_plans_steps_are_the_price_of_its_fixes_together(diagnosis):
     req = profclass.diagnose(str(profile_path("memory_offload_1gpu")), price_fixes=tuple(asks)).replay["requested"]
     for k, ask in zip((2, 3), asks):
         assert req[ask]["best_ms"] == pytest.approx(sum(p["gain_ms"] for p in plan[:k]), abs=0.05)
+
+
+def test_a_graph_fix_and_a_schedule_change_together_on_a_pipeline_share_its_bubble(diagnosis):
+    """On a pipelined job (``mcore_wrapped_pp2_rc_m2``: PP 2, full recompute, 2 micro-batches,
+    no Megatron flag), recompute off and twice the micro-batches together: the schedule change is
+    simulated on the stages the recompute saving left, so the pair saves less than the two apart
+    (the bubble the more micro-batches remove is the leaner stages'), more than either, the same
+    in either order. Fixes whose transforms resize the schedule (a larger micro-batch) or are
+    priced on the graph alone there (the collectors' pauses) are not priced with a schedule change."""
+    import profclass
+
+    both, back = "recompute_off+pp_microbatches", "pp_microbatches+recompute_off"
+    refused = ("host_bigger_launches:microbatch_factor=2+pp_interleave", "host_gc+pp_microbatches")
+    d = profclass.diagnose(str(profile_path("mcore_wrapped_pp2_rc_m2")),
+                           price_fixes=("recompute_off", "pp_microbatches", both, back) + refused)
+    req = d.replay["requested"]
+    one, two = req["recompute_off"]["best_ms"], req["pp_microbatches"]["best_ms"]
+    assert req[both]["best_ms"] == pytest.approx(req[back]["best_ms"], abs=0.05)
+    assert max(one, two) + 1.0 < req[both]["best_ms"] < one + two - 1.0
+    assert req[both]["low_ms"] <= req[both]["best_ms"] <= req[both]["high_ms"]
+    assert req[both]["basis"].startswith("together on this pipelined job")
+    for ask in refused:
+        assert ask not in req and any(m.startswith(f"what-if {ask}: not priced") for m in d.missing)
+

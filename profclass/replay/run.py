@@ -310,7 +310,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         if not specs or (len(specs) > 1 and not notes.together_priced(r, specs)):
             continue  # fixes together: graph fixes, or graph fixes and schedule changes on a pipelined job
         spec = specs[0]
-        if spec["kind"] == pipeline_schedule.KIND:
+        if len(specs) == 1 and spec["kind"] == pipeline_schedule.KIND:
             gains = pipeline_schedule.gains_ms(spec, stages) if r.stages is not None else None
             if gains:
                 spread = [g["best"] for g in (pipeline_schedule.gains_ms(spec, st) for _, _, _, st in variants) if g]
