@@ -61,3 +61,18 @@ def test_a_graph_fix_and_a_schedule_change_together_on_a_pipeline_share_its_bubb
     for ask in refused:
         assert ask not in req and any(m.startswith(f"what-if {ask}: not priced") for m in d.missing)
 
+
+@pytest.mark.parametrize("name", ["mcore_wrapped_pp2_rc_m2", "mcore_dense_tp2sp_pp2"])
+def test_a_pipelined_plan_banks_what_its_fixes_together_price(name, diagnosis):
+    """A pipelined job's plan (graph fixes and schedule changes mixed) banks, step by step, what
+    asking for its fixes together prices: each schedule change simulated on the stages the graph
+    fixes before it left, each graph fix on the schedule the changes before it made."""
+    import profclass
+
+    plan = diagnosis(name).plan
+    kinds = {p.get("applied_as", "graph")[:10] for p in plan}
+    assert len(plan) >= 3 and len(kinds) == 2, plan  # both kinds of step
+    asks = ["+".join(p["id"] for p in plan[:k]) for k in range(2, len(plan) + 1)]
+    req = profclass.diagnose(str(profile_path(name)), price_fixes=tuple(asks)).replay["requested"]
+    for k, ask in zip(range(2, len(plan) + 1), asks):
+        assert req[ask]["best_ms"] == pytest.approx(sum(p["gain_ms"] for p in plan[:k]), abs=0.05), ask

@@ -17,12 +17,12 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from
     ``start``: (weights, replayed step ms) of the step without the profiler. Each step takes
     the larger of the best graph fix (replayed on the graph's steps before it; on a pipelined job
-    its saving priced on the schedule, ``pipelined``) and the best
-    schedule change (a PP fix, or a larger micro-batch on a pipeline: a step delta, simulated on
-    top of the schedule changes before it, so two that shrink the same bubble do not both claim
-    it). The simulation does not see the graph's fixes, nor the graph the schedule's: their
-    gains are taken to add, each schedule delta capped at the step that is left; a schedule
-    step's wall after is the graph's (the change is not replayed on it).
+    its saving priced on the schedule with the plan's schedule changes so far, ``pipelined``) and
+    the best schedule change (a PP fix, or a larger micro-batch on a pipeline: a step delta on
+    top of the schedule changes before it, so two that shrink one bubble do not both claim it,
+    run by the stages the graph fixes so far left, ``pipelined.lean_stages``: a shorter
+    micro-batch leaves a smaller bubble). A larger micro-batch's host saving is priced on the
+    captured stages; a schedule step's wall after is the graph's (it is not replayed).
 
     The pool starts as ``chosen`` (the verdict's and runner-up's fixes, and a pitfall's that
     applies) and grows as the walls move: where a step leaves a wall the largest whose fixes are
@@ -36,10 +36,11 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     weights, now = start
     applied, wall, plan = [], None, []
     weights_out, rescheduled = r.untraced_out, {}  # the graph's current outcome; larger micro-batch gains on it
-    g, graph_moved = None, True  # the best graph trial holds until a graph step (or the pool) moves
+    trials, graph_moved = [], True  # the graph trials' replays hold until a graph step (or the pool) moves
     while (pool.graph or pool.sched) and len(plan) < PLAN_STEPS:
         if graph_moved:
-            g, graph_moved = _best_graph_trial(r, pool.graph, table, weights, weights_out), False
+            trials, graph_moved = _graph_trials(r, pool.graph, table, weights), False
+        g = _best_graph_trial(r, trials, applied, weights_out)
         s = _best_schedule_trial(r, pool.sched, table, applied, weights, weights_out, rescheduled)
         gain_g = min(g[0], now) if g else float("-inf")
         gain_s = min(s[0], now) if s else float("-inf")
@@ -62,7 +63,8 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
             plan.append(dict(id=f["id"], gain_ms=round(gain_s, 2), step_ms_after=round(now - step + measured, 2),
                              wall_after=wall, applied_as=(
                                  "step delta: the pipeline schedule simulated with this change on top of the plan's "
-                                 "schedule changes before it, added to the graph's steps" if spec["kind"] == pipeline_schedule.KIND
+                                 "schedule changes before it, run by the stages less the graph fixes' savings before it"
+                                 if spec["kind"] == pipeline_schedule.KIND
                                  else "step delta: its host saving replayed on top of the graph's steps before it, priced "
                                       "by the pipeline schedule simulated with fewer, larger micro-batches")))
             pool.sched = [x for x in pool.sched if x is not f]
@@ -102,36 +104,48 @@ def _largest_wall(cp: dict) -> str:
     return max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
 
 
-def _best_graph_trial(r, left: list, table: dict, weights, weights_out: scenario.Outcome):
-    """The graph fix that shortens the step most from ``weights`` (replayed as ``weights_out``):
-    (gain ms, fix, weights after, outcome), or None. On a pipelined job the gain is the
-    schedule's (``pipelined``), as the fix was priced."""
-    trial = []
+def _graph_trials(r, left: list, table: dict, weights) -> list:
+    """Each graph fix of ``left`` applied on ``weights`` and replayed: (fix, spec, weights after,
+    outcome); a fix with nothing to act on is left out."""
+    trials = []
     for f in left:
         spec = table[f["id"]]["transform"]
         w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
         if w is not None:
-            out = r.replay(w)
-            gain = (pipelined.gain_ms(r, r.untraced_stages, r.untraced_out, weights_out, out)
-                    if pipelined.takes(r, spec) else r.step_ms(weights_out) - r.step_ms(out))
-            trial.append((gain, f, w, out))
-    return max(trial, key=lambda x: x[0]) if trial else None
+            trials.append((f, spec, w, r.replay(w)))
+    return trials
+
+
+def _best_graph_trial(r, trials: list, applied: list, weights_out: scenario.Outcome):
+    """The graph fix that shortens the step most from the graph's current outcome
+    ``weights_out``: (gain ms, fix, weights after, outcome), or None. On a pipelined job the gain
+    is the schedule's with the plan's schedule changes ``applied`` (``pipelined``), as the fix
+    was priced where none is."""
+    best = None
+    for f, spec, w, out in trials:
+        gain = (pipelined.applied_gain_ms(r, applied, weights_out, out) if pipelined.takes(r, spec)
+                else r.step_ms(weights_out) - r.step_ms(out))
+        if gain is not None and (best is None or gain > best[0]):
+            best = (gain, f, w, out)
+    return best
 
 
 def _best_schedule_trial(r, left: list, table: dict, applied: list, weights, weights_out, memo: dict):
-    """The schedule change that shortens the simulated step most on top of ``applied``: (gain
-    ms, fix, its transform), or None. A larger micro-batch (fewer of them): its host saving
+    """The schedule change that shortens the simulated step most on top of ``applied``, run by
+    the stages less the graph's savings so far (``weights_out``): (gain ms, fix, its transform),
+    or None. A larger micro-batch (fewer of them): its host saving
     replayed on ``weights`` (the graph's steps so far), priced by the schedule at m / k; the
     changes after it are simulated on its m / k micro-batches (without its saving, which the
     simulation's inputs do not hold). ``memo``: those gains on the current ``weights`` by fix id
     (they do not depend on the schedule changes applied)."""
     if not left:
         return None
-    before = pipeline_schedule.combined_ms(applied, r.untraced_stages)
+    lean = pipelined.lean_stages(r, r.untraced_stages, r.untraced_out, weights_out)
+    before = pipeline_schedule.combined_ms(applied, lean)
     trial = []
     for f in left:
         spec = table[f["id"]]["transform"]
-        after = pipeline_schedule.combined_ms(applied + [spec], r.untraced_stages)
+        after = pipeline_schedule.combined_ms(applied + [spec], lean)
         if after is None:
             continue
         if spec["kind"] == pipeline_schedule.KIND:
