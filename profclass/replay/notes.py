@@ -53,22 +53,6 @@ def describe(spec: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("kind", "basis"))
 
 
-def graph_and_schedule(specs: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Fixes asked for together: (graph transforms, schedule changes), each in the order asked."""
-    return ([s for s in specs if s["kind"] != pipeline_schedule.KIND],
-            [s for s in specs if s["kind"] == pipeline_schedule.KIND])
-
-
-def together_priced(r, specs: list[dict]) -> bool:
-    """Whether fixes asked for together are priced: graph fixes on a job without a simulated
-    schedule; on a pipelined one, graph fixes whose savings the schedule takes (not a larger
-    micro-batch, which resizes it, nor the collectors' pauses) and schedule changes."""
-    graph, schedule = graph_and_schedule(specs)
-    if r.stages is None:
-        return not schedule
-    return all(pipelined.takes(r, s) for s in graph)
-
-
 def fixes_basis(r, specs: list[dict], stages, traced: bool) -> str:
     """A price's basis: one fix's, or fixes' together (the plan's arithmetic)."""
     if len(specs) == 1:

@@ -72,27 +72,31 @@ def lean_stages(r, st: Stages, base_out: scenario.Outcome, out: scenario.Outcome
     return pipeline_schedule.less_time(st, stage_saving(r, base_out, out), work_share(r, base_out, out))
 
 
-def scheduled_ns(r, st: Stages, base_out: scenario.Outcome, out: scenario.Outcome) -> float:
-    """The simulated step (ns) of the stages ``st`` (measured on ``base_out``) with the graph's
-    savings from ``base_out`` to ``out`` taken off, the exchange at the gaps' median."""
-    return pipeline_schedule.step_ns(lean_stages(r, st, base_out, out), st.v, st.m, pipeline_schedule.exchange_cost(st, 0.5))
-
-
-def gain_ms(r, st: Stages, base_out: scenario.Outcome, before: scenario.Outcome,
-            after: scenario.Outcome) -> float:
+def gain_ms(r, st: Stages, base_out: scenario.Outcome, before: scenario.Outcome, after: scenario.Outcome,
+            applied: tuple | list = ()) -> float | None:
     """ms per step the graph's change from ``before`` to ``after`` saves on the schedule of ``st``
-    (measured on ``base_out``)."""
-    return (scheduled_ns(r, st, base_out, before) - scheduled_ns(r, st, base_out, after)) / 1e6
-
-
-def applied_gain_ms(r, applied: list[dict], before: scenario.Outcome, after: scenario.Outcome) -> float | None:
-    """ms per step the graph's change from ``before`` to ``after`` saves on the schedule with the
-    changes ``applied`` (the plan's schedule steps so far), both run by the stages less the graph's
-    savings from the untraced replay (``lean_stages``); None where the schedule cannot run them."""
-    st, base_out = r.untraced_stages, r.untraced_out
-    a = pipeline_schedule.combined_ms(applied, lean_stages(r, st, base_out, before))
-    b = pipeline_schedule.combined_ms(applied, lean_stages(r, st, base_out, after))
+    (measured on ``base_out``) with the schedule changes ``applied`` (the plan's so far), both run
+    by the stages less the graph's savings (``lean_stages``), the exchange at the gaps' median;
+    None where the schedule cannot run ``applied``."""
+    a = pipeline_schedule.combined_ms(list(applied), lean_stages(r, st, base_out, before))
+    b = pipeline_schedule.combined_ms(list(applied), lean_stages(r, st, base_out, after))
     return None if a is None or b is None else a - b
+
+
+def graph_and_schedule(specs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Fixes asked for together: (graph transforms, schedule changes), each in the order asked."""
+    return ([s for s in specs if s["kind"] != pipeline_schedule.KIND],
+            [s for s in specs if s["kind"] == pipeline_schedule.KIND])
+
+
+def together_priced(r, specs: list[dict]) -> bool:
+    """Whether fixes asked for together are priced: graph fixes on a job without a simulated
+    schedule; on a pipelined one, graph fixes whose savings the schedule takes (not a larger
+    micro-batch, which resizes it, nor the collectors' pauses) and schedule changes."""
+    graph, schedule = graph_and_schedule(specs)
+    if r.stages is None:
+        return not schedule
+    return all(takes(r, s) for s in graph)
 
 
 def together_ms(r, graph: list[dict], schedule: list[dict], point: str, start, start_out: scenario.Outcome,

@@ -123,7 +123,7 @@ def _best_graph_trial(r, trials: list, applied: list, weights_out: scenario.Outc
     was priced where none is."""
     best = None
     for f, spec, w, out in trials:
-        gain = (pipelined.applied_gain_ms(r, applied, weights_out, out) if pipelined.takes(r, spec)
+        gain = (pipelined.gain_ms(r, r.untraced_stages, r.untraced_out, weights_out, out, applied) if pipelined.takes(r, spec)
                 else r.step_ms(weights_out) - r.step_ms(out))
         if gain is not None and (best is None or gain > best[0]):
             best = (gain, f, w, out)

@@ -16,7 +16,6 @@ from ..fixes import request_parts
 from .constants import HOST_SPEED
 from .plan import fix_plan
 from . import notes
-from .notes import disagreement, untraced_caveat
 from .trace import GpuTrace
 
 # a window whose times pass this (146 years of ns) is a damaged export: the replay adds times and
@@ -211,7 +210,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         untraced_step_ms=round(r.step_ms(untraced) - step + measured, 3),
         largest_removal=largest, graph=_graph_facts(r, [t.iterations for t in r.traces]))
     if largest != verdict_wall and without[largest] < without.get(verdict_wall, measured) - 0.01 * measured:
-        section["note"] = disagreement(verdict_wall, largest, without, measured)
+        section["note"] = notes.disagreement(verdict_wall, largest, without, measured)
     if r.calibration is not None:
         section["host_calibration"] = r.calibration.section()
     if r.stages is not None:  # the schedule simulation's fidelity (PP fixes are priced on it)
@@ -233,7 +232,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     if r.calibration is not None and not r.calibration.reached:
         missing.append(f"replay: host calibration: {r.calibration.note}")
     if verdict_wall == "host" and len(r.traces) > 1 and r.calibration is None:
-        missing.append(untraced_caveat(section["untraced_step_ms"], measured))
+        missing.append(notes.untraced_caveat(section["untraced_step_ms"], measured))
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
 
 
@@ -307,7 +306,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
     variants = () if traced else r.host_variants
     for f in chosen:
         specs = _specs(f, table)
-        if not specs or (len(specs) > 1 and not notes.together_priced(r, specs)):
+        if not specs or (len(specs) > 1 and not pipelined.together_priced(r, specs)):
             continue  # fixes together: graph fixes, or graph fixes and schedule changes on a pipelined job
         spec = specs[0]
         if len(specs) == 1 and spec["kind"] == pipeline_schedule.KIND:
@@ -352,7 +351,7 @@ def _graph_gain(r: Replayer, specs: list[dict], point: str, start: list, start_o
     replayed from ``start`` (None where one has nothing to act on); together on a pipelined job,
     through its schedule (``pipelined.together_ms``)."""
     if len(specs) > 1 and r.stages is not None:
-        return pipelined.together_ms(r, *notes.graph_and_schedule(specs), point, start, start_out, stages)
+        return pipelined.together_ms(r, *pipelined.graph_and_schedule(specs), point, start, start_out, stages)
     w = start
     for spec in specs:
         w = transforms.apply(spec, point, r.traces, w, r.ctx)
