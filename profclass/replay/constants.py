@@ -48,6 +48,17 @@ THREAD_WAIT_NS = 200_000
 # the hosts' mean (other), low and high the hosts' extremes, to 0.1 us; the untraced step takes
 # the best value off each call.
 TRACED_CALL_NS = {"launch": (2_600, 5_200, 7_200), "other": (1_300, 1_700, 2_100)}
+# What CUDA tracing adds to the GPU's own time on a job the GPU paces, as a share of each compute
+# kernel's traced duration (low, best, high). Inside one process, the traced steps of a job whose
+# replayed step the host's per-call cost does not move (under 0.5%) ran 0.97-2.90% longer than its
+# untraced steps before the capture range (nine two- and one-GPU Megatron-Core captures of
+# calls AT, AV, BD and BH: dense PP 2, VPP 2 batched and overlapped, TP 2 + SP, DP 2, EP 2 MoE and
+# three one-GPU stages; tests/test_tracing_cost.py derives this line from their packed logs).
+# Per kernel that is 1.4-4.5 us, and it grows with the kernels' mean length (longer kernels, a
+# longer last wave that the next kernel no longer starts under while CUPTI timestamps each one):
+# a share fits the nine closer than a per-kernel cost. best is their median, low and high their
+# extremes; the untraced step takes the best share off every compute kernel.
+GPU_TRACED_SHARE = (0.0097, 0.0127, 0.029)
 # How much slower (or faster) the host that banks a fix's gain may run than the captured one
 # replayed without the profiler, as a factor on every host call's and CPU gap's time (slow, fast):
 # a fix's range holds its best transform at both ends. The job that banks the gain runs on

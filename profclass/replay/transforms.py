@@ -15,7 +15,7 @@ import numpy as np
 
 from . import collectives, overlap
 from . import pipeline_schedule, tp_overlap
-from .constants import TRACED_CALL_NS, TYPICAL_QUANTILE
+from .constants import GPU_TRACED_SHARE, TRACED_CALL_NS, TYPICAL_QUANTILE
 from ..analyzers.compute import FUSION_FLAGS
 from ..analyzers.host import host_pauses
 from .scenario import Weights, drop_calls, drop_ops, stream_neighbours
@@ -61,14 +61,17 @@ def untraced(t: GpuTrace, w: Weights, profiler_ns_per_step: float, point: int = 
     """The GPU's weights without the profiler: the host time the profiler's op ranges add, out
     of the CPU time between calls (in proportion to it: the ranges wrap the ops those calls
     launch), and what CUDA tracing adds to every traced API call (``TRACED_CALL_NS[kind][point]``,
-    the calls folded into the gap included), out of the CPU time before the call, then the call."""
+    the calls folded into the gap included), out of the CPU time before the call, then the call;
+    and its share of each compute kernel's time on the GPU (``GPU_TRACED_SHARE[point]``)."""
     total = float(w.c_gap.sum())
     cut = min(float(profiler_ns_per_step) * t.iterations, total)
     gap = (w.c_gap * (1.0 - cut / total if total > 0 else 1.0)).astype(np.int64)
     own = np.where(t.calls.c_kind == LAUNCH, TRACED_CALL_NS["launch"][point], TRACED_CALL_NS["other"][point])
     traced = own + t.calls.c_folded * TRACED_CALL_NS["other"][point]
     from_gap = np.minimum(traced, gap)
-    return replace(w, c_gap=gap - from_gap, c_dur=np.maximum(w.c_dur - (traced - from_gap), 0))
+    on_gpu = np.where(t.ops.kind == COMPUTE, 1.0 - GPU_TRACED_SHARE[point], 1.0)
+    return replace(w, c_gap=gap - from_gap, c_dur=np.maximum(w.c_dur - (traced - from_gap), 0),
+                   op_dur=(w.op_dur * on_gpu).astype(np.int64))
 
 
 def host_speed(w: Weights, factor: float) -> Weights:
