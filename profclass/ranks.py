@@ -25,6 +25,7 @@ from . import intervals as iv
 from .analyzers import GpuAnalysis, analyse_gpu
 from .analyzers import idle
 from .analyzers.idle import ALLOC_CALLS, SYNC_CALLS
+from .analyzers.compute import sm_count_of
 from .analyzers.memory import MIN_RECOMPUTE_RATIO
 from .analyzers import iterations as it
 from .clocks import shift_timeline
@@ -216,7 +217,8 @@ def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines
         alltoall_peers=nccl_alltoall_peers(g.nvtx),
         host_waits=idle.host_waits(g), boundary_gaps=it.boundary_gaps(g),
         replay_trace=replay_trace(g, prof.sync_events,
-                                  recomputes=analysis.memory.recompute_ratio >= MIN_RECOMPUTE_RATIO),
+                                  recomputes=analysis.memory.recompute_ratio >= MIN_RECOMPUTE_RATIO,
+                                  sm_count=sm_count_of(g, prof)),
         timeline=g if keep_timelines else None)
 
 

@@ -3,6 +3,8 @@ priced on a real capture."""
 from __future__ import annotations
 
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,6 +66,86 @@ def test_compute_under_the_moved_reduction_slows_by_the_factor():
     # the reduction still starts at 30 ms (its second bound: kernel 3's end 45 - 20.01) and
     # the step ends at 80.02 ms: the slower kernel is hidden under it
     assert int(out.t[g.op_node[0][4]]) == 30 * MS and out.ends[0] == 80 * MS + 20_000
+
+
+def test_compute_under_the_moved_reduction_slows_by_its_waves():
+    """With the grids and the SM count known, kernel 3 slows by its own waves, not the fallback:
+    a 132-CTA grid on 132 SMs, 24 of them held by the reduction's 24 CTAs, runs a second wave
+    (10 ms -> 20), a many-wave grid runs on the 108 SMs left (x132/108), a grid that still fits
+    the SMs left (100 CTAs) is not slowed; at the high point (nccl_sms 0) nothing slows."""
+    from dataclasses import replace
+
+    t, g, w, ctx = _backward_then_reduce()
+    for grid, want in ((132, 20 * MS), (45056, int(10 * MS * 132 / 108)), (100, 10 * MS)):
+        tg = replace(t, ops=replace(t.ops, grid=np.array([132, 132, 132, grid, 24, 132])), sm_count=132)
+        spec = {**SPEC, "buckets": 2, "slowdown": 1.5, "nccl_sms": [32, -1, 0]}
+        ws = transforms.apply(spec, "best", [tg], w, ctx)
+        assert list(ws[0].op_dur[[0, 1, 2, 5]]) == [10 * MS] * 4
+        assert abs(int(ws[0].op_dur[3]) - want) <= 1, grid
+        assert int(transforms.apply(spec, "high", [tg], w, ctx)[0].op_dur[3]) == 10 * MS
+
+
+def test_wave_slowdown_falls_back_where_the_grid_or_the_sm_count_is_unknown():
+    from profclass.replay.overlap import wave_slowdown
+
+    assert wave_slowdown(None, 132, 24, 1.22) == 1.22
+    assert wave_slowdown(np.array([132]), 0, 24, 1.22) == 1.22
+    assert list(wave_slowdown(np.array([0, 132, 108, 109]), 132, 24, 1.22)) == [1.22, 2.0, 1.0, 2.0]
+
+
+def _under_a_reduction(name: str) -> tuple[set, dict]:
+    """(the reduction kernels' CTAs, {"gemm" | "other": [ratio, ...]}) on device 0 of a committed
+    export: per kernel (name, grid) with at least three runs wholly inside an all-reduce or
+    reduce-scatter kernel and three outside any, the median time inside over outside; the
+    time-weighted median of those per kind."""
+    import sqlite3
+
+    from conftest import decompress_fixture, profile_path
+
+    db = decompress_fixture(profile_path(name), Path(tempfile.mkdtemp()) / f"{name}.sqlite")
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    k = con.execute("""SELECT k.start, k.end, s.value, k.gridX * k.gridY * k.gridZ FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                       JOIN StringIds s ON k.shortName = s.id WHERE k.deviceId = 0 ORDER BY k.start""").fetchall()
+    con.close()
+    start, end = np.array([r[0] for r in k]), np.array([r[1] for r in k])
+    name_, grid = np.array([r[2] for r in k], object), np.array([r[3] for r in k])
+    red = np.array([str(n).startswith(("ncclDevKernel_AllReduce", "ncclDevKernel_ReduceScatter")) for n in name_])
+    rs, re_ = start[red], end[red]
+    i = np.clip(np.searchsorted(rs, start, side="right") - 1, 0, None)
+    under = (start >= rs[i]) & (end <= re_[i]) & ~red
+    out = {"gemm": [], "other": []}
+    for key in {(n, gr) for n, gr in zip(name_[~red], grid[~red])}:
+        sel = (name_ == key[0]) & (grid == key[1]) & ~red
+        a, b = (end - start)[sel & ~under], (end - start)[sel & under]
+        if len(a) >= 3 and len(b) >= 3:
+            out["gemm" if str(key[0]).startswith("nvjet") and key[1] == 132 else "other"].append(
+                (float(np.median(b) / np.median(a)), float(b.sum())))
+    return set(int(g) for g in grid[red]), {k: _weighted_median(v) for k, v in out.items() if v}
+
+
+def _weighted_median(pairs: list) -> float:
+    """The median ratio, each kernel weighted by its time under the reductions."""
+    r, w = np.array(pairs).T
+    o = np.argsort(r)
+    c = np.cumsum(w[o])
+    return float(r[o][np.searchsorted(c, c[-1] / 2)])
+
+
+def test_one_wave_gemms_under_a_captured_overlapped_reduction_run_a_second_wave():
+    """The physics ``wave_slowdown`` states, in two committed overlapped DP twins of two workload
+    families (132 SMs): with 24-CTA all-reduces (``mcore_gb_dp4_dpoverlap``) and 4-CTA ones
+    (``dpoverlap_4gpu``, moe_train.py), cuBLAS's one-wave (132-CTA) GEMMs that ran wholly under a
+    reduction took about twice as long as beside none. The many-wave kernels take about
+    132/(132 - 4) beside the 4-CTA kernels, and more than 132/(132 - 24) beside the 24-CTA ones
+    (up to 2x: the low point's ``least``)."""
+    ctas, r = _under_a_reduction("mcore_gb_dp4_dpoverlap")
+    assert ctas == {24}
+    assert 1.8 < r["gemm"] <= 2.1
+    assert 132 / 108 < r["other"] < 2.0
+    ctas, r = _under_a_reduction("dpoverlap_4gpu")
+    assert 4 in ctas
+    assert 1.8 < r["gemm"] <= 2.1
+    assert abs(r["other"] - 132 / 128) < 0.05
 
 
 def test_an_added_edge_against_the_graph_order_is_refused():

@@ -70,7 +70,7 @@ def _clipped_ns(ops, lo: int, hi: int) -> int:
 
 def _utilisation(r: ComputeResult, gpu, prof, sets: WindowSets) -> None:
     comp, lo, hi = sets.compute_ops, sets.lo, sets.hi
-    sm_count = _sm_count(gpu, prof)
+    sm_count = sm_count_of(gpu, prof)
     busy = r.compute_ns
     grid = comp["grid"].to_numpy()
     known = grid > 0  # 0: the export has no (or damaged) grid dimensions
@@ -93,7 +93,8 @@ def _utilisation(r: ComputeResult, gpu, prof, sets: WindowSets) -> None:
             r.tensor_active = float(ta.mean()) / 100.0 if len(ta) else None
 
 
-def _sm_count(gpu, prof) -> int:
+def sm_count_of(gpu, prof) -> int:
+    """The GPU's SMs as the export's TARGET_INFO_GPU gives them; 0 where it does not."""
     g = prof.gpus[prof.gpus["device"] == gpu.device]
     return int(g["sm_count"].iloc[0]) if len(g) and g["sm_count"].iloc[0] > 0 else 0
 

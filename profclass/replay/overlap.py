@@ -19,8 +19,9 @@ max(r_1 + T, r_B + T/B) (r_1: the first bucket ready, r_B: the backward's end): 
 starts at max(r_1, r_B - (1 - 1/B) T), for a matched collective and an unmatched one alike.
 Each bucket past the first adds one collective's fixed cost (``NCCL_LAUNCH_MS``); a reduction
 that followed another collective on its stream stays behind it. Compute
-kernels running while a moved reduction runs lose the SMs NCCL's channels hold: the time they
-overlap it (measured by a first replay) grows by the slowdown factor, and the step is replayed
+kernels running while a moved reduction runs lose the SMs NCCL's kernel holds: the time they
+overlap it (measured by a first replay) grows by each kernel's own factor (``wave_slowdown``: a
+one-wave grid that no longer fits the SMs left runs a second wave), and the step is replayed
 again.
 """
 from __future__ import annotations
@@ -48,7 +49,9 @@ def movable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray:
 def apply(spec: dict, pick, point: str, traces, weights, ctx):
     """Every GPU's weights with its gradient reductions overlapped; None without any."""
     buckets = max(pick(spec["buckets"], point), 1.0)
-    slowdown = pick(spec["slowdown"], point)
+    slowdown = pick(spec["slowdown"], point)  # where a kernel's grid or the GPU's SM count is unknown
+    taken = pick(spec.get("nccl_sms", -1), point)  # SMs NCCL's kernel holds; -1: the captured kernel's CTAs
+    least = pick(spec.get("least", 1.0), point)  # the least any kernel under a reduction slows
     names = spec["ops"].split(":", 1)[1].split(",")
     if not ctx.detachable:  # a graph built without detachable ops: nothing can move
         return None
@@ -60,7 +63,9 @@ def apply(spec: dict, pick, point: str, traces, weights, ctx):
         moved.append(det)
     if not any(m.any() for m in moved):
         return None
-    return _contended(traces, out, moved, slowdown, ctx) if slowdown > 1.0 else out
+    if slowdown <= 1.0 and taken == 0 and least <= 1.0:
+        return out
+    return _contended(traces, out, moved, (slowdown, taken, least), ctx)
 
 
 def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, transfer: np.ndarray):
@@ -107,9 +112,28 @@ def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, t
                    ready_dst=np.concatenate([w.ready_dst, dst]), ready_lag=np.concatenate([w.ready_lag, lag])), detached
 
 
-def _contended(traces, weights, moved, slowdown: float, ctx):
-    """The compute time that runs under a moved reduction (and did not in the capture) grows
-    by ``slowdown``: replayed once to find it, then the weights with it."""
+def wave_slowdown(grid: np.ndarray | None, sms: int, taken: float, fallback: float) -> np.ndarray | float:
+    """Per op, how many times longer a kernel of ``grid`` CTAs runs while NCCL's kernel holds
+    ``taken`` of the GPU's ``sms`` SMs. A grid of at most one wave (cuBLAS's persistent Hopper
+    GEMMs launch one CTA per SM) that no longer fits the SMs left runs a second wave, twice as
+    long; one that still fits is not slowed; a larger grid runs its waves on the SMs left, sms /
+    (sms - taken). ``fallback`` where the grid or the SM count is unknown. Measured on
+    ``mcore_gb_dp4_dpoverlap`` (4x H100, 132 SMs, 24-CTA all-reduces; docs/fixes.md): 132-CTA
+    GEMMs under a reduction 1.5-1.96x their time beside none, many-wave elementwise kernels
+    1.17-1.5x."""
+    if grid is None or sms <= 0:
+        return fallback
+    left = max(sms - taken, 1.0)
+    f = np.where(grid <= sms, np.where(grid > left, 2.0, 1.0), sms / left)
+    return np.where(grid > 0, f, fallback)
+
+
+def _contended(traces, weights, moved, factors: tuple, ctx):
+    """The compute time that runs under a moved reduction (and did not in the capture) grows by
+    its kernel's ``wave_slowdown``, at least ``least`` (``factors``: the fallback slowdown, the
+    SMs NCCL holds, < 0: as many as the moved kernels' CTAs, the most of them, and ``least``):
+    replayed once to find it, then the weights with it."""
+    slowdown, taken, least = factors
     out = ctx.replay(weights)
     g = ctx.graph
     res = []
@@ -125,7 +149,10 @@ def _contended(traces, weights, moved, slowdown: float, ctx):
         now = iv.measure_within(iv.union(s[c], e[c]), s[comp], s[comp] + w.op_dur[comp])
         cap_end = t.ops.start + t.ops.dur
         before = iv.measure_within(iv.union(t.ops.start[c], cap_end[c]), t.ops.start[comp], cap_end[comp])
+        n = taken if taken >= 0 or t.ops.grid is None else float(t.ops.grid[mv].max(initial=0))
+        factor = np.maximum(np.broadcast_to(wave_slowdown(t.ops.grid, t.sm_count, n, slowdown), (t.n_ops,))[comp],
+                            least)
         dur = w.op_dur.copy()
-        dur[comp] += ((slowdown - 1.0) * np.clip(now - before, 0, None)).astype(np.int64)
+        dur[comp] += ((factor - 1.0) * np.clip(now - before, 0, None)).astype(np.int64)
         res.append(replace(w, op_dur=dur))
     return res

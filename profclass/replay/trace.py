@@ -49,6 +49,7 @@ class Ops:
     launch_lag: np.ndarray  # ns from the launch call's start to the op's start when not blocked
     stream_gap: np.ndarray  # ns from the stream predecessor's end
     name: np.ndarray | None = None  # code into GpuTrace.names per op (-1: none); None: not kept
+    grid: np.ndarray | None = None  # CTAs a kernel launched (0: not a kernel, or not in the export)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class GpuTrace:
     shift_ns: int = 0
     names: tuple = ()  # normalised op names (what ``diff`` matches by): ``Ops.name`` codes into it
     iteration_starts: np.ndarray | tuple = ()  # each replayed iteration's start (``span.common`` cuts by them)
+    sm_count: int = 0  # the GPU's SMs (the export's TARGET_INFO_GPU; 0: not in it)
 
     @property
     def n_ops(self) -> int:
@@ -122,8 +124,9 @@ def _window(gpu: GpuTimeline) -> tuple[int, int, np.ndarray]:
     return int(starts[0]), int(ends[k - 1]), starts[:k]
 
 
-def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool = True) -> GpuTrace:
-    """``recomputes``: the memory analyzer found recompute on this GPU (``_recomputed``)."""
+def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool = True, sm_count: int = 0) -> GpuTrace:
+    """``recomputes``: the memory analyzer found recompute on this GPU (``_recomputed``); ``sm_count``:
+    the GPU's SMs (0: unknown)."""
     lo, hi, its_starts = _window(gpu)
     o = gpu.ops
     s_all = o["start"].to_numpy(np.int64)
@@ -168,9 +171,10 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
         lo=lo, hi=hi, iterations=len(its_starts), iteration_starts=its_starts,
         ops=Ops(start=start, dur=end - start, stream=stream, kind=kind, gemm=ops["is_gemm"].to_numpy(bool),
                 fusion=_fusion(ops, kind), recomputed=recomputed, offload=offload, launch=launch,
-                launch_lag=lags, stream_gap=gaps, name=name_code),
+                launch_lag=lags, stream_gap=gaps, name=name_code, grid=ops["grid"].to_numpy(np.int64)),
         calls=Calls(**c), edges=Edges(e_src=e_src, e_dst=e_dst, e_lag=e_lag, e_from_start=from_start, **h),
-        edge_source=source, measured_end=measured_end, unexplained_ns=unexplained, names=names)
+        edge_source=source, measured_end=measured_end, unexplained_ns=unexplained, names=names,
+        sm_count=int(sm_count))
 
 
 def _launch_index(corr: np.ndarray, launch_start: np.ndarray, calls: pd.DataFrame) -> np.ndarray:
