@@ -1,5 +1,5 @@
 """The thirtieth session's calls AP-AS, the thirty-second's AU, AW and AX, the thirty-third's
-BB and BC, the thirty-fourth's BE, BF and BG and the thirty-fifth's BI and BJ (docs/notes.md), judged again from their packed timer
+BB and BC, the thirty-fourth's BE, BF and BG and the thirty-fifth's BI, BJ and BL (docs/notes.md), judged again from their packed timer
 logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/ and s35/) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
@@ -30,8 +30,9 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "AS": "fixtures/timers/s30/", "AU": "fixtures/timers/s32/", "AW": "fixtures/timers/s32/",
         "AX": "fixtures/timers/s32/", "BB": "fixtures/timers/s33/",
         "BC": "fixtures/timers/s33/", "BE": "fixtures/timers/s34/", "BF": "fixtures/timers/s34/",
-        "BG": "fixtures/timers/s34/", "BI": "fixtures/timers/s35/", "BJ": "fixtures/timers/s35/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJ]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "BG": "fixtures/timers/s34/", "BI": "fixtures/timers/s35/", "BJ": "fixtures/timers/s35/",
+        "BL": "fixtures/timers/s35/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJL]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
@@ -43,8 +44,9 @@ RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3":
         "BE4": ("be2", 6, 16), "BE5": ("be2", 6, 16), "BE6": ("be", 8, 20), "BE7": ("be", 8, 20),
         "BE8": ("be", 8, 20), "BF1": ("bf", 6, 16), "BF2": ("bf", 6, 16), "BF3": ("bf", 6, 16),
         "BG1": ("bg", 6, 14), "BG2": ("bg", 6, 14), "BG3": ("bg", 6, 14),
-        **{f"BI{i}": ("bi", 6, 30) for i in range(1, 8)}, **{f"BJ{i}": ("bj", 6, 30) for i in range(1, 6)}}
-# calls BI and BJ register their bases by their capture (call BH's export); their twins ran the capture's config
+        **{f"BI{i}": ("bi", 6, 30) for i in range(1, 8)}, **{f"BJ{i}": ("bj", 6, 30) for i in range(1, 6)},
+        "BL1": ("bl", 6, 30), "BL2": ("bl", 6, 30)}
+# calls BI, BJ and BL register their bases by their capture (call BH's export); their twins ran the capture's config
 BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc"}
 # call BI's prices were written under the capture call's labels (bi_prices.json: BH1-BH7 are BI1-BI7)
 PRICE_LABEL = {f"BI{i}": f"BH{i}" for i in range(1, 8)}
@@ -103,7 +105,7 @@ def _judged(call: str) -> list[dict]:
 @pytest.mark.parametrize("call, measured, in_range, within", [
     ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1), ("AU", 6, 6, 6), ("AW", 6, 6, 5),
     ("AX", 2, 2, 1), ("BB", 0, 0, 0), ("BC", 0, 0, 0), ("BE", 8, 8, 8), ("BF", 3, 3, 3),
-    ("BG", 3, 3, 3), ("BI", 7, 7, 7), ("BJ", 5, 5, 5)])
+    ("BG", 3, 3, 3), ("BI", 7, 7, 7), ("BJ", 5, 5, 5), ("BL", 2, 2, 2)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -125,9 +127,10 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("AX", 2, ("ax",)), ("BB", 9, ("bb1", "bb2", "bb3")),
                                                   ("BC", 4, ("bc",)), ("BE", 8, ("be1", "be2", "be3")),
                                                   ("BF", 3, ("bf",)), ("BG", 3, ("bg",)),
-                                                  ("BI", 7, ("bi1", "bi2")), ("BJ", 5, ("bj",))])
+                                                  ("BI", 7, ("bi1", "bi2")), ("BJ", 5, ("bj",)),
+                                                  ("BL", 2, ("bl",))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
-    """Calls AU-BJ (registered the brief's way): the notebook's prices are price_pairs.py's file,
+    """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,
     whose UTC time precedes the start of each device call that ran the twins (a late price's, of
     the calls that ran its twin)."""
     rows = ROW.findall(_registration(call))
