@@ -69,7 +69,7 @@ def test_a_launch_bound_stream_follows_its_host():
 
 
 def test_without_the_profiler_each_traced_call_costs_less_and_a_host_paced_step_follows():
-    from profclass.replay.constants import TRACED_CALL_NS
+    from profclass.replay.constants import GPU_TRACED_SHARE, TRACED_CALL_NS
     from profclass.replay.transforms import untraced
     # the launch-bound stream above, the second launch with 4 calls folded into its gap (an
     # event record, a stream wait ...): every call is cheaper, the GPU still waits for each
@@ -84,7 +84,9 @@ def test_without_the_profiler_each_traced_call_costs_less_and_a_host_paced_step_
     assert w2.c_dur.tolist() == [call - launch, call, call]
     assert w2.c_gap.tolist() == [0, 20 * US - call - launch - 4 * other, 20 * US - call - launch]
     out2 = scenario.run(g, [w2])
-    assert out.ends[0] - out2.ends[0] == 3 * launch + 4 * other
+    # and each 5 us kernel sheds CUDA tracing's GPU-side share: the last one's ends the step
+    assert w2.op_dur.tolist() == [int(5 * US * (1 - GPU_TRACED_SHARE[1]))] * 3
+    assert out.ends[0] - out2.ends[0] == 3 * launch + 4 * other + 5 * US - int(5 * US * (1 - GPU_TRACED_SHARE[1]))
     # a call cheaper than what tracing adds to it costs nothing, never less
     tiny = GpuTrace(**{**vars(t), "calls": Calls(**{**vars(t.calls), "c_dur": np.full(3, 500), "c_gap": np.zeros(3, np.int64)})})
     assert untraced(tiny, scenario.captured(tiny), 0.0).c_dur.tolist() == [0, 0, 0]
