@@ -117,10 +117,11 @@ def wave_slowdown(grid: np.ndarray | None, sms: int, taken: float, fallback: flo
     ``taken`` of the GPU's ``sms`` SMs. A grid of at most one wave (cuBLAS's persistent Hopper
     GEMMs launch one CTA per SM) that no longer fits the SMs left runs a second wave, twice as
     long; one that still fits is not slowed; a larger grid runs its waves on the SMs left, sms /
-    (sms - taken). ``fallback`` where the grid or the SM count is unknown. Measured on
-    ``mcore_gb_dp4_dpoverlap`` (4x H100, 132 SMs, 24-CTA all-reduces; docs/fixes.md): 132-CTA
-    GEMMs under a reduction 1.5-1.96x their time beside none, many-wave elementwise kernels
-    1.17-1.5x."""
+    (sms - taken). ``fallback`` where the grid or the SM count is unknown. Measured on the two
+    committed overlapped DP twins (132 SMs; tests/test_replay_overlap.py, docs/fixes.md): 132-CTA
+    GEMMs under a reduction 1.93x (24-CTA all-reduces) and 1.90x (4-CTA ones) their time beside
+    none; many-wave kernels 1.03x beside the 4-CTA kernels, as the rule says, and 1.51x beside the
+    24-CTA ones, more than its 1.22 (the transform's ``least`` covers that at the low point)."""
     if grid is None or sms <= 0:
         return fallback
     left = max(sms - taken, 1.0)
