@@ -18,11 +18,22 @@ the buckets reduce one after another, T/B each, so the reductions end at
 max(r_1 + T, r_B + T/B) (r_1: the first bucket ready, r_B: the backward's end): the collective
 starts at max(r_1, r_B - (1 - 1/B) T), for a matched collective and an unmatched one alike.
 Each bucket past the first adds one collective's fixed cost (``NCCL_LAUNCH_MS``); a reduction
-that followed another collective on its stream stays behind it. Compute
+that followed another collective on its stream stays behind it. A reduction beside the backward
+runs ``stretch`` times its captured transfer (NCCL's kernel shares HBM and SMs with the compute
+beside it). Compute
 kernels running while a moved reduction runs lose the SMs NCCL's kernel holds: the time they
 overlap it (measured by a first replay) grows by each kernel's own factor (``wave_slowdown``: a
 one-wave grid that no longer fits the SMs left runs a second wave), and the step is replayed
 again.
+
+With the distributed optimizer the parameters are all-gathered after the optimizer step, one
+collective of time T before the next forward. --overlap-param-gather cuts it into the same B
+buckets: the first forward pre-hook dispatches bucket 1 and waits for it; each bucket's wait, once
+done, dispatches the next, which runs beside the forward of the layers just gathered (the first
+micro-batch's forward, F = (1 - BACKWARD_SHARE) x the GPU's compute per step / micro-batches, F/B a
+bucket). So the forward waits tau = stretch x T / B for bucket 1 and max(0, tau - F/B) for each
+other, and the compute beside the hidden min(tau, F/B) slows by its waves: the gather keeps its
+place and costs that (``_gathered``).
 """
 from __future__ import annotations
 
@@ -37,6 +48,7 @@ from .trace import COMM, COMPUTE, GpuTrace
 
 MOVABLE_GROUPS = ("DP", "EDP")  # the gradient reductions' groups
 MOVABLE_COLLECTIVES = ("all_reduce", "reduce_scatter")
+PARAM_GATHER = "all_gather"  # the distributed optimizer's parameter all-gather, in the same groups
 
 
 def movable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray:
@@ -52,23 +64,31 @@ def apply(spec: dict, pick, point: str, traces, weights, ctx):
     slowdown = pick(spec["slowdown"], point)  # where a kernel's grid or the GPU's SM count is unknown
     taken = pick(spec.get("nccl_sms", -1), point)  # SMs NCCL's kernel holds; -1: the captured kernel's CTAs
     least = pick(spec.get("least", 1.0), point)  # the least any kernel under a reduction slows
+    stretch = pick(spec.get("stretch", 1.0), point)  # a reduction's transfer beside compute over alone
     names = spec["ops"].split(":", 1)[1].split(",")
     if not ctx.detachable:  # a graph built without detachable ops: nothing can move
         return None
-    out, moved = [], []
+    out, moved, gathered = [], [], False
     for gi, (t, w) in enumerate(zip(traces, weights)):
         sel = ctx.detachable[gi] & np.isin(ctx.op_groups[gi], names)
-        w2, det = _overlapped(t, w, sel, buckets, ctx.microbatches, ctx.transfer[gi])
+        w2, det = _overlapped(t, w, sel, buckets, ctx.microbatches, ctx.transfer[gi], stretch)
+        if pick(spec.get("param_gather", 0), point) and gi < len(ctx.op_colls):
+            gather = (t.ops.kind == COMM) & np.isin(ctx.op_groups[gi], names) & (ctx.op_colls[gi] == PARAM_GATHER)
+            if gather.any():
+                w2 = _gathered(t, w2, gather, (buckets, stretch, taken, least, slowdown), ctx.microbatches,
+                               ctx.transfer[gi])
+                gathered = True
         out.append(w2)
         moved.append(det)
     if not any(m.any() for m in moved):
-        return None
+        return out if gathered else None
     if slowdown <= 1.0 and taken == 0 and least <= 1.0:
         return out
     return _contended(traces, out, moved, (slowdown, taken, least), ctx)
 
 
-def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, transfer: np.ndarray):
+def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, transfer: np.ndarray,
+                stretch: float = 1.0):
     """(weights, detached ops) of one GPU: each selected reduction detached from its stream,
     launch and event waits, and held by its readiness edges instead."""
     comp = np.flatnonzero(t.ops.kind == COMPUTE)
@@ -82,10 +102,11 @@ def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, t
     window = BACKWARD_SHARE * float(cum[-1]) / max(t.iterations, 1) / max(microbatches or 1, 1)
     k = np.searchsorted(cend, t.ops.start[c], side="right") - 1  # the last input ended before it
     matched = transfer[c] > 0
-    own = np.where(matched, transfer[c] * w.transfer_scale[c], w.op_dur[c]).astype(np.int64)
+    base = np.where(matched, transfer[c] * w.transfer_scale[c], w.op_dur[c]).astype(np.int64)
+    own = (base * stretch).astype(np.int64)
     extra = int(round((buckets - 1) * NCCL_LAUNCH_MS * 1e6))  # one collective's fixed cost per extra bucket
     share = np.ones(t.n_ops)  # the new time over the old of each reduction
-    share[c] = (own + extra) / np.maximum(own, 1)
+    share[c] = (own + extra) / np.maximum(base, 1)
     # a reduction whose backward lies before the window (the window opens with it) started right
     # after its backward: overlapped, it starts (1 - 1/B) min(T, W) before that
     lead = k < 0
@@ -110,6 +131,33 @@ def _overlapped(t: GpuTrace, w, sel: np.ndarray, buckets: float, microbatches, t
                    op_dur=np.where(sel & ~is_m, (w.op_dur * share).astype(np.int64), w.op_dur),
                    detached=detached, ahead=ahead, ready_src=np.concatenate([w.ready_src, src]),
                    ready_dst=np.concatenate([w.ready_dst, dst]), ready_lag=np.concatenate([w.ready_lag, lag])), detached
+
+
+def _gathered(t: GpuTrace, w, sel: np.ndarray, params: tuple, microbatches, transfer: np.ndarray):
+    """One GPU's weights with each selected parameter all-gather bucketed under the next forward:
+    its time becomes what the forward waits for plus what the compute beside it loses (module
+    docstring). ``params``: buckets, stretch, the SMs NCCL holds (< 0: the gather's own CTAs),
+    the least slowdown, the fallback slowdown."""
+    buckets, stretch, taken, least, fallback = params
+    comp = t.ops.kind == COMPUTE
+    if not comp.any():
+        return w
+    c = np.flatnonzero(sel)
+    matched = transfer[c] > 0
+    time_ = np.where(matched, transfer[c] * w.transfer_scale[c], w.op_dur[c]).astype(np.float64)
+    per_bucket = stretch * time_ / buckets + NCCL_LAUNCH_MS * 1e6
+    fwd = (1.0 - BACKWARD_SHARE) * float(w.op_dur[comp].sum()) / max(t.iterations, 1) / max(microbatches or 1, 1)
+    slice_ = fwd / buckets  # the forward of one bucket's layers
+    n = taken if taken >= 0 or t.ops.grid is None else float(t.ops.grid[c].max(initial=0))
+    f = np.maximum(np.broadcast_to(wave_slowdown(t.ops.grid, t.sm_count, n, fallback), (t.n_ops,))[comp], least)
+    mean_f = float(np.average(f, weights=np.maximum(w.op_dur[comp], 1)))  # over the GPU's compute time
+    after = per_bucket + (buckets - 1) * (np.maximum(per_bucket - slice_, 0.0)
+                                          + np.minimum(per_bucket, slice_) * (mean_f - 1.0))
+    share = np.ones(t.n_ops)
+    share[c] = after / np.maximum(time_, 1.0)
+    is_m = transfer > 0
+    return replace(w, transfer_scale=np.where(sel & is_m, w.transfer_scale * share, w.transfer_scale),
+                   op_dur=np.where(sel & ~is_m, (w.op_dur * share).astype(np.int64), w.op_dur))
 
 
 def wave_slowdown(grid: np.ndarray | None, sms: int, taken: float, fallback: float) -> np.ndarray | float:
