@@ -1,6 +1,7 @@
 """The thirtieth session's calls AP-AS, the thirty-second's AU, AW and AX, the thirty-third's
-BB and BC, the thirty-fourth's BE, BF and BG and the thirty-fifth's BI, BJ and BL (docs/notes.md), judged again from their packed timer
-logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/ and s35/) by
+BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL and the thirty-sixth's BN
+(docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz, timers/s30/,
+s32/, s33/, s34/, s35/ and s36/) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
 committed before the run) or from the prices the call wrote on its machine (AP, AQ), never from
@@ -31,8 +32,8 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "AX": "fixtures/timers/s32/", "BB": "fixtures/timers/s33/",
         "BC": "fixtures/timers/s33/", "BE": "fixtures/timers/s34/", "BF": "fixtures/timers/s34/",
         "BG": "fixtures/timers/s34/", "BI": "fixtures/timers/s35/", "BJ": "fixtures/timers/s35/",
-        "BL": "fixtures/timers/s35/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJL]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "BL": "fixtures/timers/s35/", "BN": "fixtures/timers/s36/", "BO": "fixtures/timers/s36/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLN]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
@@ -45,13 +46,14 @@ RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3":
         "BE8": ("be", 8, 20), "BF1": ("bf", 6, 16), "BF2": ("bf", 6, 16), "BF3": ("bf", 6, 16),
         "BG1": ("bg", 6, 14), "BG2": ("bg", 6, 14), "BG3": ("bg", 6, 14),
         **{f"BI{i}": ("bi", 6, 30) for i in range(1, 8)}, **{f"BJ{i}": ("bj", 6, 30) for i in range(1, 6)},
-        "BL1": ("bl", 6, 30), "BL2": ("bl", 6, 30)}
-# calls BI, BJ and BL register their bases by their capture (call BH's export); their twins ran the capture's config
-BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc"}
+        "BL1": ("bl", 6, 30), "BL2": ("bl", 6, 30), **{f"BN{i}": ("bn", 6, 30) for i in range(1, 7)}}
+# calls BI, BJ, BL and BN register their bases by their capture (calls BH's and BM's exports); their twins
+# ran the capture's config
+BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_pp2_moe_rc"}
 # call BI's prices were written under the capture call's labels (bi_prices.json: BH1-BH7 are BI1-BI7)
 PRICE_LABEL = {f"BI{i}": f"BH{i}" for i in range(1, 8)}
 # candidates that ran twice the base's micro-batches a step, judged per the base's (registered "per 4")
-PER_BASE_MICROBATCHES = {"BE1": 2, "BF1": 2, "BF2": 2, "BF3": 2, "BG2": 2, "BG3": 2}
+PER_BASE_MICROBATCHES = {"BE1": 2, "BF1": 2, "BF2": 2, "BF3": 2, "BG2": 2, "BG3": 2, "BN5": 2}
 # prices written after the call's first file, and the device calls that ran their twins (BE5: priced
 # once 994b2e4 could, before call_be2 ran its twin)
 LATE_PRICES = {"BE5": ("be5_prices.json", ("be2",))}
@@ -105,7 +107,8 @@ def _judged(call: str) -> list[dict]:
 @pytest.mark.parametrize("call, measured, in_range, within", [
     ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1), ("AU", 6, 6, 6), ("AW", 6, 6, 5),
     ("AX", 2, 2, 1), ("BB", 0, 0, 0), ("BC", 0, 0, 0), ("BE", 8, 8, 8), ("BF", 3, 3, 3),
-    ("BG", 3, 3, 3), ("BI", 7, 7, 7), ("BJ", 5, 5, 5), ("BL", 2, 2, 2)])
+    ("BG", 3, 3, 3), ("BI", 7, 7, 7), ("BJ", 5, 5, 5), ("BL", 2, 2, 2),
+    ("BN", 6, 5, 5)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -128,7 +131,7 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("BC", 4, ("bc",)), ("BE", 8, ("be1", "be2", "be3")),
                                                   ("BF", 3, ("bf",)), ("BG", 3, ("bg",)),
                                                   ("BI", 7, ("bi1", "bi2")), ("BJ", 5, ("bj",)),
-                                                  ("BL", 2, ("bl",))])
+                                                  ("BL", 2, ("bl",)), ("BN", 6, ("bn1", "bn2"))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,
     whose UTC time precedes the start of each device call that ran the twins (a late price's, of
@@ -186,3 +189,24 @@ def test_call_bc_was_calibrated_to_its_capture_runs_own_steps_not_the_twins():
     for p in prices:
         assert p["given_untraced_step_ms"] == own[p["base"]], p["label"]
         assert 0.8 < p["host_factor"] < 0.9
+
+
+def test_call_bn_overlap_miss_is_the_collectors_pauses_as_the_notebook_reports():
+    """BN1's candidate (the reduce-scatter and the parameter all-gather overlapped) paused at
+    steps 24 and 26 of both runs, 140-230 ms over its steady ~108 ms, where the base never
+    did; call BO ran it again printing rank 0's collector times: a generation-2 collection
+    (~160 ms) at step 24. Without those two steps BN1 realizes about 3 ms (priced 3.46)."""
+    steps = lambda name: {int(i): float(ms) for i, ms in judge_pairs.STEP.findall(_read(name + ".log", "BN"))}  # noqa: E731
+    for run in ("bn_bn_dp2_do_ovl_u1", "bn_bn_dp2_do_ovl_u2"):
+        s = steps(run)
+        slow = sorted(i for i in range(6, 31) if s[i] > 130.0)
+        assert slow == [24, 26], run
+        assert all(abs(s[i] - 108.3) < 1.0 for i in range(6, 31) if i not in slow), run
+    assert not [i for r in ("bn_bm_dp2_do_u1", "bn_bm_dp2_do_u2") for i, ms in steps(r).items() if 6 <= i and ms > 130.0]
+    gc = _read("bo_dp2_do_ovl_gc.log", "BO")
+    gen2 = re.findall(r"^GC_MS it=(\d+) .*gen2=([\d.]+)", gc, re.M)
+    assert [(int(i), float(ms) > 100) for i, ms in gen2] == [(24, True)]
+    base = sum(sum(v for i, v in steps(r).items() if 6 <= i <= 30) / 25 for r in ("bn_bm_dp2_do_u1", "bn_bm_dp2_do_u2")) / 2
+    cand = sum(sum(v for i, v in steps(r).items() if 6 <= i <= 30 and i not in (24, 26)) / 23
+               for r in ("bn_bn_dp2_do_ovl_u1", "bn_bn_dp2_do_ovl_u2")) / 2
+    assert 2.5 < base - cand < 3.5

@@ -157,7 +157,7 @@ def _gathered(t: GpuTrace, w, sel: np.ndarray, params: tuple, microbatches, tran
     share[c] = after / np.maximum(time_, 1.0)
     is_m = transfer > 0
     return replace(w, transfer_scale=np.where(sel & is_m, w.transfer_scale * share, w.transfer_scale),
-                   op_dur=np.where(sel & ~is_m, (w.op_dur * share).astype(np.int64), w.op_dur))
+                   op_dur=np.where(sel & ~is_m, np.rint(w.op_dur * share).astype(np.int64), w.op_dur))
 
 
 def wave_slowdown(grid: np.ndarray | None, sms: int, taken: float, fallback: float) -> np.ndarray | float:
