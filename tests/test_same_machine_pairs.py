@@ -1,5 +1,5 @@
 """The thirtieth session's calls AP-AS, the thirty-second's AU, AW and AX, the thirty-third's
-BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL and the thirty-sixth's BN
+BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL and the thirty-sixth's BN and BP
 (docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz, timers/s30/,
 s32/, s33/, s34/, s35/ and s36/) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
@@ -32,8 +32,9 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "AX": "fixtures/timers/s32/", "BB": "fixtures/timers/s33/",
         "BC": "fixtures/timers/s33/", "BE": "fixtures/timers/s34/", "BF": "fixtures/timers/s34/",
         "BG": "fixtures/timers/s34/", "BI": "fixtures/timers/s35/", "BJ": "fixtures/timers/s35/",
-        "BL": "fixtures/timers/s35/", "BN": "fixtures/timers/s36/", "BO": "fixtures/timers/s36/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLN]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "BL": "fixtures/timers/s35/", "BN": "fixtures/timers/s36/", "BO": "fixtures/timers/s36/",
+        "BP": "fixtures/timers/s36/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNP]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
@@ -46,14 +47,15 @@ RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3":
         "BE8": ("be", 8, 20), "BF1": ("bf", 6, 16), "BF2": ("bf", 6, 16), "BF3": ("bf", 6, 16),
         "BG1": ("bg", 6, 14), "BG2": ("bg", 6, 14), "BG3": ("bg", 6, 14),
         **{f"BI{i}": ("bi", 6, 30) for i in range(1, 8)}, **{f"BJ{i}": ("bj", 6, 30) for i in range(1, 6)},
-        "BL1": ("bl", 6, 30), "BL2": ("bl", 6, 30), **{f"BN{i}": ("bn", 6, 30) for i in range(1, 7)}}
+        "BL1": ("bl", 6, 30), "BL2": ("bl", 6, 30), **{f"BN{i}": ("bn", 6, 30) for i in range(1, 7)},
+        **{f"BP{i}": ("bp", 6, 30) for i in range(1, 5)}}
 # calls BI, BJ, BL and BN register their bases by their capture (calls BH's and BM's exports); their twins
 # ran the capture's config
 BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_pp2_moe_rc"}
 # call BI's prices were written under the capture call's labels (bi_prices.json: BH1-BH7 are BI1-BI7)
 PRICE_LABEL = {f"BI{i}": f"BH{i}" for i in range(1, 8)}
 # candidates that ran twice the base's micro-batches a step, judged per the base's (registered "per 4")
-PER_BASE_MICROBATCHES = {"BE1": 2, "BF1": 2, "BF2": 2, "BF3": 2, "BG2": 2, "BG3": 2, "BN5": 2}
+PER_BASE_MICROBATCHES = {"BE1": 2, "BF1": 2, "BF2": 2, "BF3": 2, "BG2": 2, "BG3": 2, "BN5": 2, "BP3": 2}
 # prices written after the call's first file, and the device calls that ran their twins (BE5: priced
 # once 994b2e4 could, before call_be2 ran its twin)
 LATE_PRICES = {"BE5": ("be5_prices.json", ("be2",))}
@@ -108,7 +110,7 @@ def _judged(call: str) -> list[dict]:
     ("AP", 1, 1, 0), ("AQ", 5, 5, 4), ("AR", 3, 2, 2), ("AS", 1, 1, 1), ("AU", 6, 6, 6), ("AW", 6, 6, 5),
     ("AX", 2, 2, 1), ("BB", 0, 0, 0), ("BC", 0, 0, 0), ("BE", 8, 8, 8), ("BF", 3, 3, 3),
     ("BG", 3, 3, 3), ("BI", 7, 7, 7), ("BJ", 5, 5, 5), ("BL", 2, 2, 2),
-    ("BN", 6, 5, 5)])
+    ("BN", 6, 5, 5), ("BP", 4, 4, 2)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -131,7 +133,8 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("BC", 4, ("bc",)), ("BE", 8, ("be1", "be2", "be3")),
                                                   ("BF", 3, ("bf",)), ("BG", 3, ("bg",)),
                                                   ("BI", 7, ("bi1", "bi2")), ("BJ", 5, ("bj",)),
-                                                  ("BL", 2, ("bl",)), ("BN", 6, ("bn1", "bn2"))])
+                                                  ("BL", 2, ("bl",)), ("BN", 6, ("bn1", "bn2")),
+                                                  ("BP", 4, ("bp",))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,
     whose UTC time precedes the start of each device call that ran the twins (a late price's, of
