@@ -93,17 +93,22 @@ def test_wave_slowdown_falls_back_where_the_grid_or_the_sm_count_is_unknown():
     assert list(wave_slowdown(np.array([0, 132, 108, 109]), 132, 24, 1.22)) == [1.22, 2.0, 1.0, 2.0]
 
 
-def _under_a_reduction(name: str) -> tuple[set, dict]:
-    """(the reduction kernels' CTAs, {"gemm" | "other": [ratio, ...]}) on device 0 of a committed
-    export: per kernel (name, grid) with at least three runs wholly inside an all-reduce or
-    reduce-scatter kernel and three outside any, the median time inside over outside; the
-    time-weighted median of those per kind."""
+def _open_export(name: str):
+    """A read-only connection to committed export ``name``, decompressed to a temporary folder."""
     import sqlite3
 
     from conftest import decompress_fixture, profile_path
 
     db = decompress_fixture(profile_path(name), Path(tempfile.mkdtemp()) / f"{name}.sqlite")
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    return sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+
+
+def _under_a_reduction(name: str) -> tuple[set, dict]:
+    """(the reduction kernels' CTAs, {"gemm" | "other": [ratio, ...]}) on device 0 of a committed
+    export: per kernel (name, grid) with at least three runs wholly inside an all-reduce or
+    reduce-scatter kernel and three outside any, the median time inside over outside; the
+    time-weighted median of those per kind."""
+    con = _open_export(name)
     k = con.execute("""SELECT k.start, k.end, s.value, k.gridX * k.gridY * k.gridZ FROM CUPTI_ACTIVITY_KIND_KERNEL k
                        JOIN StringIds s ON k.shortName = s.id WHERE k.deviceId = 0 ORDER BY k.start""").fetchall()
     con.close()
@@ -219,12 +224,7 @@ def _reduction_transfer_ms(name: str) -> tuple[int, float]:
     """(reductions, their summed transfer in ms) of a committed export: each all-reduce or
     reduce-scatter matched across the devices in order, its transfer the members' overlap (the
     last member's start to the first member's end)."""
-    import sqlite3
-
-    from conftest import decompress_fixture, profile_path
-
-    db = decompress_fixture(profile_path(name), Path(tempfile.mkdtemp()) / f"{name}.sqlite")
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    con = _open_export(name)
     rows = con.execute("""SELECT k.deviceId, k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k
                           JOIN StringIds s ON k.shortName = s.id
                           WHERE (s.value LIKE 'ncclDevKernel_AllReduce%' OR s.value LIKE 'ncclDevKernel_ReduceScatter%')

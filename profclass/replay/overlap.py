@@ -68,11 +68,12 @@ def apply(spec: dict, pick, point: str, traces, weights, ctx):
     names = spec["ops"].split(":", 1)[1].split(",")
     if not ctx.detachable:  # a graph built without detachable ops: nothing can move
         return None
+    param_gather = pick(spec.get("param_gather", 0), point)
     out, moved, gathered = [], [], False
     for gi, (t, w) in enumerate(zip(traces, weights)):
         sel = ctx.detachable[gi] & np.isin(ctx.op_groups[gi], names)
         w2, det = _overlapped(t, w, sel, buckets, ctx.microbatches, ctx.transfer[gi], stretch)
-        if pick(spec.get("param_gather", 0), point) and gi < len(ctx.op_colls):
+        if param_gather and gi < len(ctx.op_colls):
             gather = (t.ops.kind == COMM) & np.isin(ctx.op_groups[gi], names) & (ctx.op_colls[gi] == PARAM_GATHER)
             if gather.any():
                 w2 = _gathered(t, w2, gather, (buckets, stretch, taken, least, slowdown), ctx.microbatches,
@@ -148,8 +149,7 @@ def _gathered(t: GpuTrace, w, sel: np.ndarray, params: tuple, microbatches, tran
     per_bucket = stretch * time_ / buckets + NCCL_LAUNCH_MS * 1e6
     fwd = (1.0 - BACKWARD_SHARE) * float(w.op_dur[comp].sum()) / max(t.iterations, 1) / max(microbatches or 1, 1)
     slice_ = fwd / buckets  # the forward of one bucket's layers
-    n = taken if taken >= 0 or t.ops.grid is None else float(t.ops.grid[c].max(initial=0))
-    f = np.maximum(np.broadcast_to(wave_slowdown(t.ops.grid, t.sm_count, n, fallback), (t.n_ops,))[comp], least)
+    f = _compute_slowdown(t, sel, taken, fallback, least)
     mean_f = float(np.average(f, weights=np.maximum(w.op_dur[comp], 1)))  # over the GPU's compute time
     after = per_bucket + (buckets - 1) * (np.maximum(per_bucket - slice_, 0.0)
                                           + np.minimum(per_bucket, slice_) * (mean_f - 1.0))
@@ -177,6 +177,15 @@ def wave_slowdown(grid: np.ndarray | None, sms: int, taken: float, fallback: flo
     return np.where(grid > 0, f, fallback)
 
 
+def _compute_slowdown(t: GpuTrace, nccl: np.ndarray, taken: float, fallback: float, least: float) -> np.ndarray:
+    """Per compute op of ``t``, in order, its ``wave_slowdown`` beside the NCCL kernels ``nccl``
+    (a mask), at least ``least``; ``taken`` < 0: those kernels hold as many SMs as the most CTAs
+    any of them launched."""
+    n = taken if taken >= 0 or t.ops.grid is None else float(t.ops.grid[nccl].max(initial=0))
+    f = np.broadcast_to(wave_slowdown(t.ops.grid, t.sm_count, n, fallback), (t.n_ops,))
+    return np.maximum(f[t.ops.kind == COMPUTE], least)
+
+
 def _contended(traces, weights, moved, factors: tuple, ctx):
     """The compute time that runs under a moved reduction (and did not in the capture) grows by
     its kernel's ``wave_slowdown``, at least ``least`` (``factors``: the fallback slowdown, the
@@ -198,9 +207,7 @@ def _contended(traces, weights, moved, factors: tuple, ctx):
         now = iv.measure_within(iv.union(s[c], e[c]), s[comp], s[comp] + w.op_dur[comp])
         cap_end = t.ops.start + t.ops.dur
         before = iv.measure_within(iv.union(t.ops.start[c], cap_end[c]), t.ops.start[comp], cap_end[comp])
-        n = taken if taken >= 0 or t.ops.grid is None else float(t.ops.grid[mv].max(initial=0))
-        factor = np.maximum(np.broadcast_to(wave_slowdown(t.ops.grid, t.sm_count, n, slowdown), (t.n_ops,))[comp],
-                            least)
+        factor = _compute_slowdown(t, mv, taken, slowdown, least)
         dur = w.op_dur.copy()
         dur[comp] += ((factor - 1.0) * np.clip(now - before, 0, None)).astype(np.int64)
         res.append(replace(w, op_dur=dur))
