@@ -31,6 +31,8 @@ from .latency import inferred_edges, latencies
 
 # op kinds
 COMPUTE, COMM, COPY, MEMSET = 0, 1, 2, 3
+# pair-kernel sides (``kernels``: a kernel only the forward, or only the backward, runs)
+FWD, BWD = 1, 2
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Ops:
     stream_gap: np.ndarray  # ns from the stream predecessor's end
     name: np.ndarray | None = None  # code into GpuTrace.names per op (-1: none); None: not kept
     grid: np.ndarray | None = None  # CTAs a kernel launched (0: not a kernel, or not in the export)
+    side: np.ndarray | None = None  # int8: FWD / BWD for a forward- or backward-only pair kernel, 0 other
 
 
 @dataclass(frozen=True)
@@ -171,10 +174,15 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
         lo=lo, hi=hi, iterations=len(its_starts), iteration_starts=its_starts,
         ops=Ops(start=start, dur=end - start, stream=stream, kind=kind, gemm=ops["is_gemm"].to_numpy(bool),
                 fusion=_fusion(ops, kind), recomputed=recomputed, offload=offload, launch=launch,
-                launch_lag=lags, stream_gap=gaps, name=name_code, grid=ops["grid"].to_numpy(np.int64)),
+                launch_lag=lags, stream_gap=gaps, name=name_code, grid=ops["grid"].to_numpy(np.int64), side=_sides(ops, kind)),
         calls=Calls(**c), edges=Edges(e_src=e_src, e_dst=e_dst, e_lag=e_lag, e_from_start=from_start, **h),
         edge_source=source, measured_end=measured_end, unexplained_ns=unexplained, names=names,
         sm_count=int(sm_count))
+
+
+def _sides(ops: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
+    side = ops["side"].astype(str).to_numpy() if "side" in ops else np.full(len(kind), "")
+    return np.where(kind != COMPUTE, 0, np.where(side == "fwd", FWD, np.where(side == "bwd", BWD, 0))).astype(np.int8)
 
 
 def _launch_index(corr: np.ndarray, launch_start: np.ndarray, calls: pd.DataFrame) -> np.ndarray:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import collectives, overlap
+from . import collectives, microbatch, overlap
 from . import pipeline_schedule, tp_overlap
 from .constants import GPU_TRACED_SHARE, TRACED_CALL_NS, TYPICAL_QUANTILE
 from ..analyzers.compute import FUSION_FLAGS
@@ -35,6 +35,9 @@ def _selected_ops(t: GpuTrace, which: str, groups: np.ndarray | None) -> np.ndar
         return t.ops.gemm & (t.ops.kind == COMPUTE)
     if which == "compute":
         return t.ops.kind == COMPUTE
+    if which.startswith("name:"):  # ops whose normalised name holds the text
+        hit = np.array([which[5:] in n for n in t.names] + [False])
+        return hit[t.ops.name] if t.ops.name is not None else np.zeros(t.n_ops, bool)
     if which.startswith("group:"):
         names = which.split(":", 1)[1].split(",")
         return (t.ops.kind == COMM) & np.isin(groups, names) if groups is not None else np.zeros(t.n_ops, bool)
@@ -391,18 +394,6 @@ def _drop_offload(spec, point, traces, weights, ctx):
     return [drop_ops(t, w, t.ops.offload) for t, w in zip(traces, weights)]
 
 
-def _fewer_launches(spec, point, traces, weights, ctx):
-    """A k times larger micro-batch (k times fewer of them): the same GPU work per step in k
-    times fewer, k times longer kernels, launched by k times less host work. The ops keep
-    their time; the host's time per step and the per-launch latencies fall by k."""
-    k = float(spec.get("microbatch_factor", 2.0))
-    share = _pick(spec.get("recovered", 1.0), point)
-    f = 1.0 - share * (1.0 - 1.0 / k)
-    return [replace(w, c_gap=(w.c_gap * f).astype(np.int64), c_dur=(w.c_dur * f).astype(np.int64),
-                    h_lag=(w.h_lag * f).astype(np.int64), launch_lag=(w.launch_lag * f).astype(np.int64),
-                    stream_gap=(w.stream_gap * f).astype(np.int64)) for w in weights]
-
-
 def _ep_overlap(spec, point, traces, weights, ctx):
     """Megatron's --overlap-moe-expert-parallel-comm: in the steady 1F1B pairs (the forward of
     micro-batch i + 1 beside the backward of i) each pass's all-to-alls run under the other's
@@ -438,7 +429,8 @@ def detachable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray
 
 _KINDS = {"scale": _scale, "fuse": _fuse, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
           "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
-          "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "fewer_launches": _fewer_launches,
+          "drop_allocs": _drop_allocs, "drop_offload": _drop_offload,
+          "fewer_launches": lambda spec, point, traces, weights, ctx: microbatch.apply(spec, _pick, _selected_ops, point, traces, weights, ctx),
           "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx),
           "ep_overlap": _ep_overlap,
           "tp_overlap": lambda spec, point, traces, weights, ctx: tp_overlap.apply(spec, _pick, point, traces, weights, ctx)}
