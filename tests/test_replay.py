@@ -173,9 +173,10 @@ def test_the_expert_phase_is_the_ops_between_dispatch_and_combine():
     import numpy as np
 
     from profclass.replay import collectives
-    from profclass.replay.trace import COMM, COMPUTE
+    from profclass.replay.trace import COMM, COMPUTE, GpuTrace
 
-    class T:  # the fields expert_phase reads
+    class T:  # the fields expert_phase reads, and GpuTrace's own per-op name test
+        ops_named = classmethod(GpuTrace.ops_named)
         n_ops = 7
         names = ("attn_fwd_flash", "gemm", "ncclSendRecv", "softmax_warp_forward")
         ops = type("O", (), dict(name=np.array([0, 1, 2, 1, 2, 3, 1]),

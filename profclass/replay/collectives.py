@@ -148,10 +148,9 @@ def expert_phase(t: GpuTrace, seg: np.ndarray, groups: np.ndarray | None) -> np.
     out = np.zeros(t.n_ops, bool)
     if seg is None or not len(seg) or not (seg >= 0).any() or t.ops.name is None:
         return out
-    dense_name = np.array([bool(DENSE_PART.search(n)) for n in t.names] + [False])
     ids, at = np.unique(seg, return_inverse=True)
     dense = np.zeros(len(ids), bool)
-    np.logical_or.at(dense, at, dense_name[t.ops.name])
+    np.logical_or.at(dense, at, t.ops_named(DENSE_PART.search))
     out = ~dense[at] & (seg >= 0)
     if groups is not None:
         out |= (t.ops.kind == COMM) & (np.asarray(groups) == "EP")

@@ -52,8 +52,7 @@ def apply(spec, pick, selected_ops, point, traces, weights, ctx):
         once = selected_ops(t, spec["per_microbatch"], g) if spec.get("per_microbatch") else np.zeros(t.n_ops, bool)
         per_step = per_step_calls(t)
         fc = np.where(per_step, 1.0, f)  # per call
-        fo = np.where((t.ops.launch >= 0) & per_step[np.clip(t.ops.launch, 0, len(per_step) - 1)], 1.0, f) \
-            if len(per_step) else np.full(t.n_ops, f)  # per op, by its launch call
+        fo = np.where(np.append(per_step, False)[t.ops.launch], 1.0, f)  # per op, by its launch call (-1: none)
         out.append(replace(w, c_gap=(w.c_gap * fc).astype(np.int64), c_dur=(w.c_dur * fc).astype(np.int64),
                            h_lag=(w.h_lag * fc[t.edges.h_dst]).astype(np.int64),
                            launch_lag=(w.launch_lag * fo).astype(np.int64), stream_gap=(w.stream_gap * fo).astype(np.int64),

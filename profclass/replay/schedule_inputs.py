@@ -177,10 +177,7 @@ def _stretches(t: GpuTrace, pp: np.ndarray):
 
 
 def _optimizer_ops(t: GpuTrace) -> np.ndarray:
-    if t.ops.name is None or not len(t.names):
-        return np.zeros(t.n_ops, bool)
-    is_opt = np.array([any(k in n for k in OPTIMIZER_KERNEL) for n in t.names] + [False])
-    return is_opt[t.ops.name]  # code -1 (no name) takes the trailing False
+    return t.ops_named(lambda n: any(k in n for k in OPTIMIZER_KERNEL))
 
 
 def _idle_after_syncs(t: GpuTrace, pp: np.ndarray) -> float:

@@ -110,6 +110,14 @@ class GpuTrace:
     def n_ops(self) -> int:
         return len(self.ops.start)
 
+    def ops_named(self, match) -> np.ndarray:
+        """Per op: whether its normalised name satisfies ``match`` (str -> truthy), each distinct
+        name tested once; False for an op without a name, and for all where names are not kept."""
+        if self.ops.name is None:
+            return np.zeros(self.n_ops, bool)
+        hit = np.array([bool(match(n)) for n in self.names] + [False])  # code -1 reads the trailing False
+        return hit[self.ops.name]
+
 
 def _window(gpu: GpuTimeline) -> tuple[int, int, np.ndarray]:
     """The steady iterations replayed, as (start, end, each iteration's start): all of them, or

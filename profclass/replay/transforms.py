@@ -36,8 +36,7 @@ def _selected_ops(t: GpuTrace, which: str, groups: np.ndarray | None) -> np.ndar
     if which == "compute":
         return t.ops.kind == COMPUTE
     if which.startswith("name:"):  # ops whose normalised name holds the text
-        hit = np.array([which[5:] in n for n in t.names] + [False])
-        return hit[t.ops.name] if t.ops.name is not None else np.zeros(t.n_ops, bool)
+        return t.ops_named(lambda n: which[5:] in n)
     if which.startswith("group:"):
         names = which.split(":", 1)[1].split(",")
         return (t.ops.kind == COMM) & np.isin(groups, names) if groups is not None else np.zeros(t.n_ops, bool)
