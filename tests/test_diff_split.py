@@ -79,3 +79,22 @@ def test_mismatched_inputs_keep_exit_code_2(tmp_path):
                         str(profile_path("mcore_ep4_base")), str(bad)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and str(bad) in p.stderr
+
+
+def test_host_part_stays_within_the_hosts_change_of_cpu_work(diagnosis):
+    """The host class scales the base's CPU work by the candidate's rate; it cannot move the
+    step by more than the largest change of any GPU's CPU work per step. The DP-overlap twin's
+    autograd thread opens its two-step window with a 402 ms hand-off from the main thread (a
+    wait, not CPU work): counted as host time, it made the host part +137 ms of a -5 ms change."""
+    from profclass.replay.trace import ALLOC
+
+    b, c = diagnosis("mcore_gb_ep4_base"), diagnosis("mcore_gb_ep4_dpoverlap")
+
+    def cpu_ms(d):
+        return [float(t.calls.c_gap.sum() + t.calls.c_dur[t.calls.c_kind != ALLOC].sum()) / 1e6 / max(t.iterations, 1)
+                for t in d.extra.replay_inputs.traces]
+
+    bound = max(abs(x - y) for x, y in zip(cpu_ms(b), cpu_ms(c)))
+    host = next(p for p in diff(b, c).step["split"]["parts"] if p["cls"] == "host")
+    assert abs(host["alone_ms"]) <= bound + 1.0, (host, bound)
+    assert abs(host["delta_ms"]) <= bound + 1.0, (host, bound)

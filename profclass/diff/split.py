@@ -7,8 +7,9 @@ candidate's measured costs put in one class at a time:
 - ``<group> transfers``: collectives per GPU, group (TP, EP, DP, PP, ...) and kernel name: a
   collective matched across ranks by its transfer (its waiting stays an outcome of the
   replay), an unmatched one (PP send/recv, peers outside the profile) by its duration;
-- ``host``: per GPU, the CPU time of the launching threads (calls' own time, the time between
-  calls, the hand-offs between threads);
+- ``host``: per GPU, the CPU work of the launching threads (calls' own time, the time between
+  calls); their hand-offs (a thread waking after another's call) scale with it, but are waits,
+  not work, so they do not count in its time;
 - ``memory``: copies and memsets per GPU and name, and allocator calls per GPU.
 
 Each key's cost per step is scaled to the candidate's (its time per step over the base's):
@@ -144,7 +145,7 @@ def _cost_rows(r: Replayer, weights: list, gpu_of: np.ndarray) -> pd.DataFrame:
         names[comm] = np.where(coll[comm] == "", names[comm], coll[comm])
         ns = np.where(xfer >= 0, xfer * w.transfer_scale, w.op_dur).astype(np.float64)
         alloc = t.calls.c_kind == ALLOC
-        host = float(w.c_gap.sum() + w.c_dur[~alloc].sum() + w.h_lag.sum())
+        host = float(w.c_gap.sum() + w.c_dur[~alloc].sum())  # CPU work: hand-off lags scale with it, not in it
         frames.append(pd.DataFrame(dict(gpu=int(gpu_of[gi]), cls=np.append(cls, [HOST, MEMORY]),
                                         name=np.append(names, [CALLS + " host", CALLS + " allocator"]),
                                         ns=np.append(ns, [host, float(w.c_dur[alloc].sum())]),
