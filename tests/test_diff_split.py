@@ -98,3 +98,25 @@ def test_host_part_stays_within_the_hosts_change_of_cpu_work(diagnosis):
     host = next(p for p in diff(b, c).step["split"]["parts"] if p["cls"] == "host")
     assert abs(host["alone_ms"]) <= bound + 1.0, (host, bound)
     assert abs(host["delta_ms"]) <= bound + 1.0, (host, bound)
+
+
+def test_collector_pauses_are_their_own_cause(diagnosis):
+    """Automatic GC -> manual GC (`gc_base_1gpu`: the workload marks every collection with an
+    NVTX range of its own, 183-227 ms generation-2 collections every 2-3 steps): the base's
+    collections are one part, taken out of both sides before the cost classes, and they explain
+    the step change; a side whose window is too short to show pauses says so."""
+    sp = diff(diagnosis("gc_base_1gpu"), diagnosis("gc_cand_1gpu")).step["split"]
+    pauses = [p for p in sp["parts"] if p["kind"] == "pauses"]
+    assert len(pauses) == 1 and pauses[0]["cls"] == "pauses", sp["summary"]
+    p = pauses[0]
+    assert p["delta_ms"] < 0 and abs(p["delta_ms"]) >= 0.9 * abs(sp["measured_delta_ms"]), sp["summary"]
+    assert max(abs(q["delta_ms"]) for q in sp["parts"] if q is not p) < 0.1 * abs(p["delta_ms"])
+    assert "candidate not seen in a 2-step window" in p["cause"]
+    assert "collector pauses taken out first" in sp["method"]
+
+
+def test_no_pauses_no_pauses_part(diagnosis):
+    """Neither side of the DP-overlap twins pauses: no part, and the method does not say so."""
+    sp = diff(diagnosis("dpnooverlap_4gpu"), diagnosis("dpoverlap_4gpu")).step["split"]
+    assert not [p for p in sp["parts"] if p["kind"] == "pauses"]
+    assert "pauses" not in sp["method"]

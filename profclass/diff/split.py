@@ -16,6 +16,12 @@ Each key's cost per step is scaled to the candidate's (its time per step over th
 the candidate's mean per op where the counts match; where they differ, the name's time per
 step follows the candidate's (a kernel run fewer times costs less), spread over the base's ops.
 
+The collector's pauses (host stretches outside the steps' rhythm: GC ranges, else
+``host.host_pauses``) are taken out of both sides next, and their part is what they cost the
+candidate's replayed step less what they cost the base's: a change of code can move a
+generation-2 collection into or out of a short window, and in the host's rate it reads as a
+slower or faster host.
+
 A recognised configuration change (``fix_gains``) whose transform changes the step's
 structure (``STRUCTURAL_KINDS``: ops or calls that no longer run, waits that go, launches
 merged into graphs) is replayed first, and the classes are measured on top of it. The
@@ -55,8 +61,10 @@ def split_step(b, c, measured_ms: float, applied: list[dict], table: dict, rb: R
     rb, rc = rb or Replayer(b.extra.replay_inputs), Replayer(c.extra.replay_inputs)
     pairing = _pairing(rb.inp.ranks, rc.inp.ranks)
     weights, parts = _configuration(rb, applied, table)
+    weights, cand_weights, pauses = _collector(rb, rc, weights)
+    parts += pauses
     base_rows = _cost_rows(rb, weights, np.arange(len(rb.traces)))
-    cand_rows = _cost_rows(rc, rc.captured, pairing)
+    cand_rows = _cost_rows(rc, cand_weights, pairing)
     _phases(base_rows, cand_rows)
     classes = _classes(base_rows)
     factors = _factors(base_rows, cand_rows, classes)
@@ -67,6 +75,8 @@ def split_step(b, c, measured_ms: float, applied: list[dict], table: dict, rb: R
     rest = round(measured_ms - sum(p["delta_ms"] for p in parts), 3)
     return dict(method=f"shapley over {len(classes)} cost classes ({2 ** len(classes)} replays)"
                 + (", after the recognised change replayed first" if any(p["kind"] == "configuration" for p in parts)
+                   else "")
+                + (", both sides' collector pauses taken out first" if any(p["kind"] == "pauses" for p in parts)
                    else ""),
                 measured_delta_ms=round(measured_ms, 3),
                 replayed_delta_ms=round(sum(p["delta_ms"] for p in parts), 3), parts=parts,
@@ -127,6 +137,30 @@ def _configuration(r: Replayer, applied: list[dict], table: dict) -> tuple[list,
                           kind="configuration", cls=row["fix"], delta_ms=round(delta, 3), alone_ms=round(delta, 3)))
         weights = after
     return weights, parts
+
+
+def _collector(rb: Replayer, rc: Replayer, weights: list) -> tuple[list, list, list[dict]]:
+    """(the base's weights, the candidate's, the parts): each side's collector pauses taken out
+    (the ``remove_gc`` transform, all of them), and one part, their cost to the candidate's
+    replayed step less their cost to the base's, where either side has any."""
+    free = {"kind": "remove_gc", "removed": 1.0}
+    b_free = transforms.apply(free, "best", rb.traces, weights, rb.ctx)
+    c_free = transforms.apply(free, "best", rc.traces, rc.captured, rc.ctx)
+    if b_free is None and c_free is None:
+        return weights, rc.captured, []
+
+    def cost(r: Replayer, w: list, w_free: list | None) -> float:
+        return 0.0 if w_free is None else r.step_ms(r.replay(w)) - r.step_ms(r.replay(w_free))
+
+    def said(name: str, r: Replayer, ms: float) -> str:
+        its = min(t.iterations for t in r.traces)  # host_pauses needs 3 steps to tell a pause from the rhythm
+        return f"{name} {ms:.1f}" if its >= 3 else f"{name} not seen in a {its}-step window"
+
+    b_ms, c_ms = cost(rb, weights, b_free), cost(rc, rc.captured, c_free)
+    delta = round(c_ms - b_ms, 3)
+    return b_free or weights, c_free or rc.captured, [dict(
+        cause=f"collector pauses (ms/step: {said('base', rb, b_ms)}, {said('candidate', rc, c_ms)})", kind="pauses",
+        cls="pauses", delta_ms=delta, alone_ms=delta)]
 
 
 def _cost_rows(r: Replayer, weights: list, gpu_of: np.ndarray) -> pd.DataFrame:
