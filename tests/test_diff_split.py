@@ -120,3 +120,17 @@ def test_no_pauses_no_pauses_part(diagnosis):
     sp = diff(diagnosis("dpnooverlap_4gpu"), diagnosis("dpoverlap_4gpu")).step["split"]
     assert not [p for p in sp["parts"] if p["kind"] == "pauses"]
     assert "pauses" not in sp["method"]
+
+
+def test_known_fix_gain_without_the_collectors_pauses(diagnosis):
+    """DP overlap on the GPU-bound EP 4 job: the base's 3-step window holds a 90 ms host pause on
+    rank 2 that the candidate's 2-step window cannot show; the realized gain is also given with
+    the pauses the split took out. Manual GC's own gain is its pauses: no such figure there."""
+    r = diff(diagnosis("mcore_gb_ep4_base"), diagnosis("mcore_gb_ep4_dpoverlap"))
+    part = next(p for p in r.step["split"]["parts"] if p["kind"] == "pauses")
+    assert part["base_ms"] > 0 and part["candidate_ms"] is None
+    row = next(f for f in r.fix_gains if f["fix"] == "dp_overlap_grad_reduce")
+    assert row["realized_without_pauses_ms"] == pytest.approx(row["realized_gain_ms"] - part["base_ms"], abs=2e-3)
+    assert "without the collector's pauses" in " ".join(render_text(r).split())
+    gc = diff(diagnosis("gc_base_1gpu"), diagnosis("gc_cand_1gpu")).fix_gains
+    assert [f["realized_without_pauses_ms"] for f in gc if f["fix"] == "host_gc"] == [None]

@@ -16,7 +16,7 @@ from ..pipeline import Diagnosis, _jsonable
 from ..replay.run import replayer_of
 from .causes import attribute
 from ..fixes import load_table
-from .fix_gains import fix_gains
+from .fix_gains import fix_gains, without_pauses
 from .saved import as_diagnosis
 from .split import split_step
 from .stats import ALPHA, MIN_EFFECT, step_test
@@ -337,6 +337,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     rb = replayer_of(getattr(getattr(b, "extra", None), "replay_inputs", None))
     applied = fix_gains(b, c, mb, mc, rb)
     step["split"] = split_step(b, c, mc - mb, applied, {f["id"]: f for f in load_table()}, rb)
+    applied = without_pauses(applied, step["split"])
     verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, components, kernels), applied,
                              significant, change)
     return DiffResult(

@@ -190,6 +190,25 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
     return rows
 
 
+def without_pauses(rows: list[dict], split: dict | None) -> list[dict]:
+    """Each row with ``realized_without_pauses_ms``: its realized gain with both sides' collector
+    pauses taken out (the split's ``pauses`` part: what they cost each side's replayed step),
+    where the split has one, the row is per step and its fix is not the collector's own; else
+    None. A change can move a generation-2 collection into or out of a short window, which the
+    realized gain then carries."""
+    part = next((p for p in (split or {}).get("parts", []) if p["kind"] == "pauses"), None)
+    # fixes whose gain is the pauses themselves (manual GC): nothing is left without them
+    on_pauses = {f["id"] for f in load_table() if (f.get("transform") or {}).get("kind") == "remove_gc"}
+    out = []
+    for r in rows:
+        steady = None
+        if part is not None and r["realized_per"] == "step" and r["fix"] not in on_pauses:
+            # a side too short to show pauses counts none: what the part itself took out
+            steady = round(r["realized_gain_ms"] - (part.get("base_ms") or 0.0) + (part.get("candidate_ms") or 0.0), 3)
+        out.append({**r, "realized_without_pauses_ms": steady})
+    return out
+
+
 def fix_gain_lines(rows: list[dict]) -> list[str]:
     """The rows in words, for the text and Markdown renderers."""
     out = []
@@ -200,6 +219,8 @@ def fix_gain_lines(rows: list[dict]) -> list[str]:
         per = " per the base's work" if r["realized_per"] == "base work" else ""
         kept = r.get("predicted_gain_traced_ms")
         kept = "" if kept is None else f" ({kept:.1f} with the profiler kept, as these captures ran)"
+        steady = r.get("realized_without_pauses_ms")
+        steady = "" if steady is None else f", {steady:.1f} without the collector's pauses"
         out.append(f"{r['title']} ({r['detected_by']}): {pred}{kept}; realized {r['realized_gain_ms']:.1f} ms/step"
-                   f"{per}{where}")
+                   f"{per}{where}{steady}")
     return out

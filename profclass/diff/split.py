@@ -152,15 +152,18 @@ def _collector(rb: Replayer, rc: Replayer, weights: list) -> tuple[list, list, l
     def cost(r: Replayer, w: list, w_free: list | None) -> float:
         return 0.0 if w_free is None else r.step_ms(r.replay(w)) - r.step_ms(r.replay(w_free))
 
+    def seen(r: Replayer) -> int:
+        return min(t.iterations for t in r.traces)  # host_pauses needs 3 steps to tell a pause from the rhythm
+
     def said(name: str, r: Replayer, ms: float) -> str:
-        its = min(t.iterations for t in r.traces)  # host_pauses needs 3 steps to tell a pause from the rhythm
-        return f"{name} {ms:.1f}" if its >= 3 else f"{name} not seen in a {its}-step window"
+        return f"{name} {ms:.1f}" if seen(r) >= 3 else f"{name} not seen in a {seen(r)}-step window"
 
     b_ms, c_ms = cost(rb, weights, b_free), cost(rc, rc.captured, c_free)
     delta = round(c_ms - b_ms, 3)
     return b_free or weights, c_free or rc.captured, [dict(
         cause=f"collector pauses (ms/step: {said('base', rb, b_ms)}, {said('candidate', rc, c_ms)})", kind="pauses",
-        cls="pauses", delta_ms=delta, alone_ms=delta)]
+        cls="pauses", delta_ms=delta, alone_ms=delta, base_ms=round(b_ms, 3) if seen(rb) >= 3 else None,
+        candidate_ms=round(c_ms, 3) if seen(rc) >= 3 else None)]
 
 
 def _cost_rows(r: Replayer, weights: list, gpu_of: np.ndarray) -> pd.DataFrame:
