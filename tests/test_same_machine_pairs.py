@@ -1,6 +1,6 @@
 """The thirtieth session's calls AP-AS, the thirty-second's AU, AW and AX, the thirty-third's
 BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL, the thirty-sixth's BN and BP
-the thirty-seventh's BR, BT and BU and the thirty-eighth's BV and BW (docs/notes.md), judged again from their
+the thirty-seventh's BR, BT and BU and the thirty-eighth's BV, BW and BX (docs/notes.md), judged again from their
 packed timer logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/, s35/, s36/, s37/ and s38/) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
@@ -34,8 +34,9 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "BG": "fixtures/timers/s34/", "BI": "fixtures/timers/s35/", "BJ": "fixtures/timers/s35/",
         "BL": "fixtures/timers/s35/", "BN": "fixtures/timers/s36/", "BO": "fixtures/timers/s36/",
         "BP": "fixtures/timers/s36/", "BR": "fixtures/timers/s37/", "BT": "fixtures/timers/s37/", "BU": "fixtures/timers/s37/",
-        "BV": "fixtures/timers/s38/", "BW": "fixtures/timers/s38/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVW]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "BV": "fixtures/timers/s38/", "BW": "fixtures/timers/s38/",
+        "BX": "fixtures/timers/s38/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
@@ -53,11 +54,12 @@ RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3":
         "BR3": ("br", 6, 16), "BR4": ("br", 6, 16), "BR6": ("br", 8, 20),
         "BT1": ("bt", 6, 16), "BT2": ("bt", 6, 16), **{f"BT{i}": ("bt", 6, 30) for i in range(3, 6)},
         "BU1": ("bu", 6, 30), "BU2": ("bu", 6, 30), "BV1": ("bv", 6, 16), "BV3": ("bv", 6, 16),
-        "BV2": ("bv", 6, 30), "BV4": ("bv", 6, 30), "BW1": ("bw", 6, 16), "BW2": ("bw", 6, 30)}
+        "BV2": ("bv", 6, 30), "BV4": ("bv", 6, 30), "BW1": ("bw", 6, 16), "BW2": ("bw", 6, 30),
+        **{f"BX{i}": ("bx", 6, 30) for i in range(1, 4)}}
 # calls BI, BJ, BL and BN register their bases by their capture (calls BH's and BM's exports); their twins
 # ran the capture's config
 BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_pp2_moe_rc",
-               "bv_l6_2": "bv_pp2_l6_2", "bv_l1_3": "bv_pp2_l1_3"}
+               "bv_l6_2": "bv_pp2_l6_2", "bv_l1_3": "bv_pp2_l1_3", "bx_moe_l3_1": "bx_pp2_moe_l3_1"}
 # call BI's prices were written under the capture call's labels (bi_prices.json: BH1-BH7 are BI1-BI7)
 PRICE_LABEL = {f"BI{i}": f"BH{i}" for i in range(1, 8)}
 # candidates that ran twice the base's micro-batches a step, judged per the base's (registered "per 4")
@@ -118,7 +120,7 @@ def _judged(call: str) -> list[dict]:
     ("AX", 2, 2, 1), ("BB", 0, 0, 0), ("BC", 0, 0, 0), ("BE", 8, 8, 8), ("BF", 3, 3, 3),
     ("BG", 3, 3, 3), ("BI", 7, 7, 7), ("BJ", 5, 5, 5), ("BL", 2, 2, 2),
     ("BN", 6, 5, 5), ("BP", 4, 4, 2), ("BR", 5, 5, 4), ("BT", 5, 4, 4), ("BU", 2, 2, 2),
-    ("BV", 4, 4, 4), ("BW", 2, 2, 2)])
+    ("BV", 4, 4, 4), ("BW", 2, 2, 2), ("BX", 3, 3, 2)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -144,7 +146,8 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("BL", 2, ("bl",)), ("BN", 6, ("bn1", "bn2")),
                                                   ("BP", 4, ("bp",)), ("BR", 5, ("br1", "br2")),
                                                   ("BT", 5, ("bt1", "bt2")), ("BU", 2, ("bu",)),
-                                                  ("BV", 4, ("bv2", "bv3")), ("BW", 2, ("bw",))])
+                                                  ("BV", 4, ("bv2", "bv3")), ("BW", 2, ("bw",)),
+                                                  ("BX", 3, ("bx2",))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,
     whose UTC time precedes the start of each device call that ran the twins (a late price's, of
