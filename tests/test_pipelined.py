@@ -141,3 +141,38 @@ def test_recompute_off_on_a_real_pipeline_drops_reruns_not_exchanges(diagnosis):
     assert (w[first].op_dur[pp] == r.untraced[first].op_dur[pp]).all()
     saved = pipelined.stage_saving(r, r.untraced_out, r.replay(w))
     assert saved[0] <= 1.1 * saved[1], saved
+
+
+def test_a_fixs_kernel_saving_leaves_the_stages_busy_time(diagnosis):
+    """Recompute off on the flagless PP 2 job with full recompute: the stages' busy time falls by
+    the compute kernels' time the transform took away, per micro-batch (a layer moved between
+    stages after the fix costs what the fix left of it); a host-only fix (CUDA graphs) leaves it."""
+    r = _replayer(diagnosis, "mcore_wrapped_pp2_rc_m2")
+    st = r.untraced_stages
+    w = transforms.apply({"kind": "drop_recomputed", "keep": 0.0}, "best", r.traces, r.untraced, r.ctx)
+    lean = pipelined.lean_stages(r, st, r.untraced_out, r.replay(w), w)
+    dropped = np.zeros(st.p)
+    for gi, (t, s) in enumerate(zip(r.traces, st.gpu_stage)):
+        comp = t.ops.kind == COMPUTE
+        dropped[s] += float((r.untraced[gi].op_dur - w[gi].op_dur)[comp].sum()) / t.iterations / st.m
+    dropped /= np.bincount(np.asarray(st.gpu_stage), minlength=st.p)
+    assert (dropped > 0.1 * st.busy).all(), (dropped, st.busy)
+    assert lean.busy == pytest.approx(st.busy - dropped, rel=1e-9)
+    assert pipelined.lean_stages(r, st, r.untraced_out, r.replay(w)).busy is st.busy  # without weights: as measured
+    g = transforms.apply({"kind": "cuda_graphs", "node_gap_ns": 1500, "expert_phase": 0}, "best", r.traces,
+                         r.untraced, r.ctx)
+    assert pipelined.busy_saved(r, g) == pytest.approx(np.zeros(st.p), abs=1.0)
+
+
+def test_a_stage_split_after_a_fix_moves_layers_at_their_cost_after_it():
+    """Layers 3 + 1 (the first stage's busy time 3 layers of 44 ms, the last's one layer and a
+    9 ms output layer): balanced to 2 + 2 a layer moves at the least busy time per layer. After a
+    fix that takes 11 ms off each layer, a layer moves at 33 ms, not 44: the busiest stage after
+    the split is 2 x 33 + 9 = 75 ms, where the measured busy time would leave it at 86."""
+    st = ps.Stages(p=2, v=1, m=4, work=np.array([132e6, 53e6]), rest=np.zeros(2), floor=0.0,
+                   gaps=np.array([0.0]), measured_step=0.0, busy=np.array([132e6, 53e6]), layers=np.array([3, 1]))
+    assert ps.balanced_work(st) == pytest.approx([88e6, 97e6])
+    lean = replace(st, work=st.work - np.array([33e6, 11e6]), busy=st.busy - np.array([33e6, 11e6]))
+    assert ps.balanced_work(lean) == pytest.approx([66e6, 75e6])
+    stale = replace(lean, busy=st.busy)  # the busy time as measured before the fix
+    assert ps.balanced_work(stale) == pytest.approx([55e6, 86e6])

@@ -18,10 +18,13 @@ nor a larger micro-batch (``fewer_launches``), which changes the schedule's size
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from . import pipeline_schedule, scenario, transforms
 from .schedule_inputs import Stages
+from .trace import COMPUTE
 
 # graph transforms priced on the graph alone on a pipelined job (see above)
 GRAPH_ONLY = ("remove_gc", "fewer_launches", pipeline_schedule.KIND)
@@ -65,21 +68,40 @@ def work_share(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarr
     return share / np.maximum(n, 1)
 
 
-def lean_stages(r, st: Stages, base_out: scenario.Outcome, out: scenario.Outcome) -> Stages:
+def busy_saved(r, weights) -> np.ndarray:
+    """Per stage (the mean of its GPUs), ns per micro-batch of compute kernels' time ``weights``
+    take off the job's own (``r.untraced``, whose kernels are the captured ones)."""
+    st = r.stages
+    saved, n = np.zeros(st.p), np.zeros(st.p)
+    for t, s, w0, w in zip(r.traces, st.gpu_stage, r.untraced, weights):
+        comp = t.ops.kind == COMPUTE
+        saved[s] += float(w0.op_dur[comp].sum() - w.op_dur[comp].sum()) / max(t.iterations, 1) / st.m
+        n[s] += 1
+    return saved / np.maximum(n, 1)
+
+
+def lean_stages(r, st: Stages, base_out: scenario.Outcome, out: scenario.Outcome, weights=None) -> Stages:
     """The stages ``st`` (measured on ``base_out``) with the graph's savings from ``base_out``
     to ``out`` taken off their micro-batches' work and their rest, where each stage's timeline
-    shrank. Their busy time (the overlapped exchanges' slowdown) is kept as measured."""
-    return pipeline_schedule.less_time(st, stage_saving(r, base_out, out), work_share(r, base_out, out))
+    shrank; with the ``weights`` replayed as ``out``, their busy time less the kernels' time those
+    took away (a layer moved between stages after a fix costs what the fix left of it:
+    ``balanced_work``, and the overlapped exchanges' slowdown is of that busy time), else as
+    measured."""
+    lean = pipeline_schedule.less_time(st, stage_saving(r, base_out, out), work_share(r, base_out, out))
+    if weights is None or lean.busy is None:
+        return lean
+    return replace(lean, busy=np.clip(lean.busy - busy_saved(r, weights), 0, None))
 
 
 def gain_ms(r, st: Stages, base_out: scenario.Outcome, before: scenario.Outcome, after: scenario.Outcome,
-            applied: tuple | list = ()) -> float | None:
+            applied: tuple | list = (), weights: tuple = (None, None)) -> float | None:
     """ms per step the graph's change from ``before`` to ``after`` saves on the schedule of ``st``
     (measured on ``base_out``) with the schedule changes ``applied`` (the plan's so far), both run
-    by the stages less the graph's savings (``lean_stages``), the exchange at the gaps' median;
-    None where the schedule cannot run ``applied``."""
-    a = pipeline_schedule.combined_ms(list(applied), lean_stages(r, st, base_out, before))
-    b = pipeline_schedule.combined_ms(list(applied), lean_stages(r, st, base_out, after))
+    by the stages less the graph's savings (``lean_stages``; ``weights``: the two outcomes'
+    weights, where known), the exchange at the gaps' median; None where the schedule cannot run
+    ``applied``."""
+    a = pipeline_schedule.combined_ms(list(applied), lean_stages(r, st, base_out, before, weights[0]))
+    b = pipeline_schedule.combined_ms(list(applied), lean_stages(r, st, base_out, after, weights[1]))
     return None if a is None or b is None else a - b
 
 
@@ -112,7 +134,7 @@ def together_ms(r, graph: list[dict], schedule: list[dict], point: str, start, s
         w = transforms.apply(spec, point, r.traces, w, r.ctx)
         if w is None:
             return None
-    lean = lean_stages(r, st, start_out, r.replay(w)) if graph else st
+    lean = lean_stages(r, st, start_out, r.replay(w), w) if graph else st
     return pipeline_schedule.gain_at(schedule, st, point, lean)
 
 

@@ -40,7 +40,7 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     while (pool.graph or pool.sched) and len(plan) < PLAN_STEPS:
         if graph_moved:
             trials, graph_moved = _graph_trials(r, pool.graph, table, weights), False
-        g = _best_graph_trial(r, trials, applied, weights_out)
+        g = _best_graph_trial(r, trials, applied, weights, weights_out)
         s = _best_schedule_trial(r, pool.sched, table, applied, weights, weights_out, rescheduled)
         gain_g = min(g[0], now) if g else float("-inf")
         gain_s = min(s[0], now) if s else float("-inf")
@@ -116,14 +116,15 @@ def _graph_trials(r, left: list, table: dict, weights) -> list:
     return trials
 
 
-def _best_graph_trial(r, trials: list, applied: list, weights_out: scenario.Outcome):
+def _best_graph_trial(r, trials: list, applied: list, weights, weights_out: scenario.Outcome):
     """The graph fix that shortens the step most from the graph's current outcome
-    ``weights_out``: (gain ms, fix, weights after, outcome), or None. On a pipelined job the gain
+    ``weights_out`` (of ``weights``): (gain ms, fix, weights after, outcome), or None. On a pipelined job the gain
     is the schedule's with the plan's schedule changes ``applied`` (``pipelined``), as the fix
     was priced where none is."""
     best = None
     for f, spec, w, out in trials:
-        gain = (pipelined.gain_ms(r, r.untraced_stages, r.untraced_out, weights_out, out, applied) if pipelined.takes(r, spec)
+        gain = (pipelined.gain_ms(r, r.untraced_stages, r.untraced_out, weights_out, out, applied, (weights, w))
+                if pipelined.takes(r, spec)
                 else r.step_ms(weights_out) - r.step_ms(out))
         if gain is not None and (best is None or gain > best[0]):
             best = (gain, f, w, out)
@@ -140,7 +141,7 @@ def _best_schedule_trial(r, left: list, table: dict, applied: list, weights, wei
     (they do not depend on the schedule changes applied)."""
     if not left:
         return None
-    lean = pipelined.lean_stages(r, r.untraced_stages, r.untraced_out, weights_out)
+    lean = pipelined.lean_stages(r, r.untraced_stages, r.untraced_out, weights_out, weights)
     before = pipeline_schedule.combined_ms(applied, lean)
     trial = []
     for f in left:

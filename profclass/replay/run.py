@@ -363,7 +363,7 @@ def _graph_gain(r: Replayer, specs: list[dict], point: str, start: list, start_o
         # fewer micro-batches: the pipeline's bubble grows (the schedule's, not the graph's)
         return pipelined.bigger_microbatch_ms(r, spec, start_out, out, stages)
     if pipelined.takes(r, spec):  # the fill and drain move with the stages' work (the graph keeps PP waits)
-        return pipelined.gain_ms(r, stages, start_out, start_out, out)
+        return pipelined.gain_ms(r, stages, start_out, start_out, out, weights=(start, w))
     return r.step_ms(start_out) - r.step_ms(out)
 
 
