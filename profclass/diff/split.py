@@ -16,15 +16,13 @@ Each key's cost per step is scaled to the candidate's (its time per step over th
 the candidate's mean per op where the counts match; where they differ, the name's time per
 step follows the candidate's (a kernel run fewer times costs less), spread over the base's ops.
 
-The collector's pauses (host stretches outside the steps' rhythm: GC ranges, else
-``host.host_pauses``) are taken out of both sides next, and their part is what they cost the
-candidate's replayed step less what they cost the base's: a change of code can move a
-generation-2 collection into or out of a short window, and in the host's rate it reads as a
-slower or faster host.
-
 A recognised configuration change (``fix_gains``) whose transform changes the step's
 structure (``STRUCTURAL_KINDS``: ops or calls that no longer run, waits that go, launches
-merged into graphs) is replayed first, and the classes are measured on top of it. The
+merged into graphs) is replayed first. The collector's pauses (host stretches outside the
+steps' rhythm: GC ranges, else ``host.host_pauses``) are then taken out of both sides, and their
+part is what they cost the candidate's replayed step less what they cost the base's: a change of
+code can move a generation-2 collection into or out of a short window, and in the host's rate it
+would read as a slower or faster host. The classes are measured on top of both. The
 classes' parts are Shapley values over the 2**n subsets of classes (at most ``MAX_CLASSES``),
 so they add up to the all-together replay whatever the order. What the base's graph cannot
 express (kernels only the candidate runs, a changed order or overlap) is the rest: the
