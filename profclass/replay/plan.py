@@ -118,9 +118,9 @@ def _graph_trials(r, left: list, table: dict, weights) -> list:
 
 def _best_graph_trial(r, trials: list, applied: list, weights, weights_out: scenario.Outcome):
     """The graph fix that shortens the step most from the graph's current outcome
-    ``weights_out`` (of ``weights``): (gain ms, fix, weights after, outcome), or None. On a pipelined job the gain
-    is the schedule's with the plan's schedule changes ``applied`` (``pipelined``), as the fix
-    was priced where none is."""
+    ``weights_out`` (of ``weights``): (gain ms, fix, weights after, outcome), or None. On a
+    pipelined job the gain is the schedule's with the plan's schedule changes ``applied``
+    (``pipelined``), as the fix was priced where none is."""
     best = None
     for f, spec, w, out in trials:
         gain = (pipelined.gain_ms(r, r.untraced_stages, r.untraced_out, weights_out, out, applied, (weights, w))
