@@ -336,8 +336,9 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     # one replayer of the base for both: the fixes' prices and the step's split
     rb = replayer_of(getattr(getattr(b, "extra", None), "replay_inputs", None))
     applied = fix_gains(b, c, mb, mc, rb)
-    step["split"] = split_step(b, c, mc - mb, applied, {f["id"]: f for f in load_table()}, rb)
-    applied = without_pauses(applied, step["split"])
+    table = {f["id"]: f for f in load_table()}
+    step["split"] = split_step(b, c, mc - mb, applied, table, rb)
+    applied = without_pauses(applied, step["split"], table)
     verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, components, kernels), applied,
                              significant, change)
     return DiffResult(

@@ -190,15 +190,15 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
     return rows
 
 
-def without_pauses(rows: list[dict], split: dict | None) -> list[dict]:
+def without_pauses(rows: list[dict], split: dict | None, table: dict) -> list[dict]:
     """Each row with ``realized_without_pauses_ms``: its realized gain with both sides' collector
     pauses taken out (the split's ``pauses`` part: what they cost each side's replayed step),
     where the split has one, the row is per step and its fix is not the collector's own; else
     None. A change can move a generation-2 collection into or out of a short window, which the
-    realized gain then carries."""
+    realized gain then carries. ``table``: the fixes by id."""
     part = next((p for p in (split or {}).get("parts", []) if p["kind"] == "pauses"), None)
     # fixes whose gain is the pauses themselves (manual GC): nothing is left without them
-    on_pauses = {f["id"] for f in load_table() if (f.get("transform") or {}).get("kind") == "remove_gc"}
+    on_pauses = {i for i, f in table.items() if (f.get("transform") or {}).get("kind") == "remove_gc"}
     out = []
     for r in rows:
         steady = None

@@ -35,15 +35,18 @@ def takes(r, spec: dict) -> bool:
     return r.stages is not None and spec.get("kind") not in GRAPH_ONLY
 
 
+def _stage_mean(r, per_gpu) -> np.ndarray:
+    """Per pipeline stage, the mean of a value over its GPUs (``per_gpu``: one per replayed GPU)."""
+    st = r.stages
+    stage = np.asarray(st.gpu_stage, np.int64)
+    total = np.bincount(stage, weights=np.asarray(per_gpu, float), minlength=st.p)
+    return total / np.maximum(np.bincount(stage, minlength=st.p), 1)
+
+
 def stage_saving(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarray:
     """Per pipeline stage (the mean of its GPUs): ns per step the replay from ``before`` to
     ``after`` took off the stage's time."""
-    st = r.stages
-    saved, n = np.zeros(st.p), np.zeros(st.p)
-    for gi, (t, s) in enumerate(zip(r.traces, st.gpu_stage)):
-        saved[s] += (before.ends[gi] - after.ends[gi]) / max(t.iterations, 1)
-        n[s] += 1
-    return saved / np.maximum(n, 1)
+    return _stage_mean(r, [(before.ends[gi] - after.ends[gi]) / max(t.iterations, 1) for gi, t in enumerate(r.traces)])
 
 
 def work_share(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarray:
@@ -53,7 +56,7 @@ def work_share(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarr
     duration in the graph, so its end moves with its start); the window's start does not move.
     1 where the stage did not contract."""
     st = r.stages
-    share, n = np.zeros(st.p), np.zeros(st.p)
+    share = []
     for gi, (s, pp, rest) in enumerate(zip(st.gpu_stage, st.pp_ops, st.rest_mask)):
         nodes = r.graph.op_node[gi][pp]
         shift = np.concatenate([[0], after.t[nodes] - before.t[nodes], [after.ends[gi] - before.ends[gi]]])
@@ -63,21 +66,15 @@ def work_share(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarr
             # last backward and the next step's first forward, as ``measure`` counts it): as
             # much as the other stretches' saving per that much work is work
             in_rest -= min(max(in_rest, 0.0), max(total - in_rest, 0.0) / max(st.v * st.m - 1.0, 1.0))
-        share[s] += 1.0 if total <= 0 else float(np.clip(1.0 - in_rest / total, 0.0, 1.0))
-        n[s] += 1
-    return share / np.maximum(n, 1)
+        share.append(1.0 if total <= 0 else float(np.clip(1.0 - in_rest / total, 0.0, 1.0)))
+    return _stage_mean(r, share)
 
 
 def busy_saved(r, weights) -> np.ndarray:
     """Per stage (the mean of its GPUs), ns per micro-batch of compute kernels' time ``weights``
     take off the job's own (``r.untraced``, whose kernels are the captured ones)."""
-    st = r.stages
-    saved, n = np.zeros(st.p), np.zeros(st.p)
-    for t, s, w0, w in zip(r.traces, st.gpu_stage, r.untraced, weights):
-        comp = t.ops.kind == COMPUTE
-        saved[s] += float(w0.op_dur[comp].sum() - w.op_dur[comp].sum()) / max(t.iterations, 1) / st.m
-        n[s] += 1
-    return saved / np.maximum(n, 1)
+    return _stage_mean(r, [float((w0.op_dur - w.op_dur)[t.ops.kind == COMPUTE].sum()) / max(t.iterations, 1)
+                           / r.stages.m for t, w0, w in zip(r.traces, r.untraced, weights)])
 
 
 def lean_stages(r, st: Stages, base_out: scenario.Outcome, out: scenario.Outcome, weights=None) -> Stages:
