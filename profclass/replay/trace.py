@@ -21,7 +21,7 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..analyzers.compute import fusion_codes
-from ..analyzers.idle import OFFLOAD_MIN_BYTES
+from ..analyzers.idle import OFFLOAD_MIN_BYTES, copy_roles
 from ..analyzers.recompute import recomputed_spans
 from ..kernel_table import name_codes
 from ..timeline import GpuTimeline
@@ -33,6 +33,8 @@ from .latency import inferred_edges, latencies
 COMPUTE, COMM, COPY, MEMSET = 0, 1, 2, 3
 # pair-kernel sides (``kernels``: a kernel only the forward, or only the backward, runs)
 FWD, BWD = 1, 2
+# input copies' host memory (``Ops.input``)
+PINNED, PAGEABLE = 1, 2
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Ops:
     name: np.ndarray | None = None  # code into GpuTrace.names per op (-1: none); None: not kept
     grid: np.ndarray | None = None  # CTAs a kernel launched (0: not a kernel, or not in the export)
     side: np.ndarray | None = None  # int8: FWD / BWD for a forward- or backward-only pair kernel, 0 other
+    input: np.ndarray | None = None  # int8: a host-to-device input copy (idle.copy_roles) from PINNED / PAGEABLE memory, 0 other
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,10 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
     calls = window_calls(gpu, lo, hi)
     launch = _launch_index(ops["correlation"].to_numpy(np.int64), ops["launch_start"].to_numpy(np.int64), calls)
     recomputed = _recomputed(ops, kind, lo, hi, recomputes)
+    inputs = _inputs(ops, kind)
+    # a large pinned input copy is the batch, not offload (``copy_roles``: offload goes both ways)
     offload = ((kind == COPY) & ops["kind"].astype(str).isin(["HtoD", "DtoH"]).to_numpy()
-               & (ops["bytes"].to_numpy(np.int64) >= OFFLOAD_MIN_BYTES) & ops["pinned"].to_numpy(bool))
+               & (ops["bytes"].to_numpy(np.int64) >= OFFLOAD_MIN_BYTES) & ops["pinned"].to_numpy(bool) & (inputs == 0))
     e_src, e_dst, source = _event_edges(ops, stream, sync_events, gpu.pid)
     from_start = np.zeros(len(e_src), bool)
     c_end = calls["end"].to_numpy(np.int64)
@@ -182,10 +187,23 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
         lo=lo, hi=hi, iterations=len(its_starts), iteration_starts=its_starts,
         ops=Ops(start=start, dur=end - start, stream=stream, kind=kind, gemm=ops["is_gemm"].to_numpy(bool),
                 fusion=_fusion(ops, kind), recomputed=recomputed, offload=offload, launch=launch,
-                launch_lag=lags, stream_gap=gaps, name=name_code, grid=ops["grid"].to_numpy(np.int64), side=_sides(ops, kind)),
+                launch_lag=lags, stream_gap=gaps, name=name_code, grid=ops["grid"].to_numpy(np.int64), side=_sides(ops, kind),
+                input=inputs),
         calls=Calls(**c), edges=Edges(e_src=e_src, e_dst=e_dst, e_lag=e_lag, e_from_start=from_start, **h),
         edge_source=source, measured_end=measured_end, unexplained_ns=unexplained, names=names,
         sm_count=int(sm_count))
+
+
+def _inputs(ops: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
+    """Per op: PINNED / PAGEABLE for a host-to-device input copy (the batch: ``idle.copy_roles``,
+    the idle analyzer's split), 0 for every other op."""
+    out = np.zeros(len(kind), np.int8)
+    pos = np.flatnonzero(kind == COPY)
+    if not len(pos):
+        return out
+    _, inp = copy_roles(ops.iloc[pos].reset_index(drop=True))
+    out[pos[inp.index.to_numpy()]] = np.where(inp["pinned"].to_numpy(bool), PINNED, PAGEABLE)
+    return out
 
 
 def _sides(ops: pd.DataFrame, kind: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import collectives, microbatch, overlap
+from . import collectives, host_input, microbatch, overlap
 from . import pipeline_schedule, tp_overlap
 from .constants import GPU_TRACED_SHARE, TRACED_CALL_NS, TYPICAL_QUANTILE
 from ..analyzers.compute import FUSION_FLAGS
@@ -432,6 +432,7 @@ _KINDS = {"scale": _scale, "fuse": _fuse, "drop_recomputed": _drop_recomputed, "
           "fewer_launches": lambda spec, point, traces, weights, ctx: microbatch.apply(spec, _pick, _selected_ops, point, traces, weights, ctx),
           "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx),
           "ep_overlap": _ep_overlap,
+          "host_input": lambda spec, point, traces, weights, ctx: host_input.apply(spec, _pick, point, traces, weights, ctx),
           "tp_overlap": lambda spec, point, traces, weights, ctx: tp_overlap.apply(spec, _pick, point, traces, weights, ctx)}
 # the PP schedule changes are priced by the schedule simulation, not on the graph's weights
 KINDS = tuple(_KINDS) + (pipeline_schedule.KIND,)

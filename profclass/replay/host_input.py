@@ -1,0 +1,103 @@
+"""The input pipeline's fixes on the replay's graph (the ``host_input`` transform): loader workers
+take the batch's building off the training thread, pinned memory takes the blocking out of its
+copies. Both act on the window's input copies (``Ops.input``: host-to-device copies that are no
+offload, ``idle.copy_roles``) and the host calls around them.
+
+Where the batch is built: a loader without workers builds it on the training thread, between
+the step's last CUDA call and the first copy of the batch (decoding, packing and masks are CPU
+work that calls no CUDA API). So it is the CPU time before the batch's copy calls: the gap
+before the call, or, where the thread had waited for the autograd thread's backward and was
+woken (a hand-off, ``host_calls._thread_waits``), the hand-off's lag. The part of it beyond the
+thread's typical gap (or typical hand-off lag, from hand-offs that lead to no input copy) is the
+loader's work.
+
+A pageable copy blocks: PyTorch copies a pageable tensor with cudaMemcpyAsync through the
+driver's staging buffer and then synchronises the stream, so the host waits for every queued
+kernel and the copy, and the GPU drains. From pinned memory with ``non_blocking=True`` the copy
+is a DMA queued like a kernel: no sync, and a launch's host time.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .host_calls import LAUNCH
+from .trace import PAGEABLE, GpuTrace
+
+
+def input_calls(t: GpuTrace, which: tuple = (1, 2)) -> tuple[np.ndarray, np.ndarray]:
+    """(launches, syncs): per host call, whether it launched an input copy of the memory kinds
+    ``which`` (``trace.PINNED``, ``trace.PAGEABLE``), and whether it blocked waiting for one."""
+    n = len(t.calls.c_start)
+    launches, syncs = np.zeros(n, bool), np.zeros(n, bool)
+    if t.ops.input is None:
+        return launches, syncs
+    sel = np.isin(t.ops.input, which)
+    at = t.ops.launch[sel]
+    launches[at[at >= 0]] = True
+    tg = t.calls.c_target
+    syncs[tg >= 0] = sel[tg[tg >= 0]]
+    return launches, syncs
+
+
+def loader_work(t: GpuTrace, gap: np.ndarray, lag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(per call, per hand-off): the CPU time before the input copies' calls beyond the thread's
+    typical gap, and the lag of hand-offs that lead to one beyond the thread's typical hand-off
+    (the median of its hand-offs that lead to none; its median gap where every one leads to one)."""
+    launches, syncs = input_calls(t)
+    on_input = launches | syncs
+    c = t.calls
+    extra_gap = np.zeros(len(gap), np.int64)
+    extra_lag = np.zeros(len(lag), np.int64)
+    dst = t.edges.h_dst
+    for tid in np.unique(c.c_tid[on_input]):
+        mine = c.c_tid == tid
+        typical = float(np.median(gap[mine]))
+        sel = mine & on_input
+        extra_gap[sel] = np.clip(gap[sel] - typical, 0, None)
+        h_mine = mine[dst]
+        h_in = h_mine & on_input[dst]
+        others = lag[h_mine & ~on_input[dst]]
+        typical_lag = float(np.median(others)) if len(others) else typical
+        extra_lag[h_in] = np.clip(lag[h_in] - typical_lag, 0, None)
+    return extra_gap, extra_lag
+
+
+def apply(spec, pick, point, traces, weights, ctx):
+    """``build``: the share of the loader's work (``loader_work``) that leaves the training thread
+    (workers build the batch during the step before). ``copy``: the pageable input copies come
+    from pinned memory: they no longer block the host (the copy's call and the stream sync after
+    it), the copy's call keeps ``staging`` of its own time beyond a launch's (the host's copy into
+    pinned memory, where the training thread pins; a loader's pin thread takes it off), and the
+    DMA runs at ``copy`` of its time. None where the window holds no copy the fix acts on."""
+    out, hit = [], False
+    for t, w in zip(traces, weights):
+        if "build" in spec:
+            share = pick(spec["build"], point)
+            gap, lag = loader_work(t, w.c_gap, w.h_lag)
+            hit |= bool(gap.any() or lag.any())
+            w = replace(w, c_gap=w.c_gap - (gap * share).astype(np.int64),
+                        h_lag=w.h_lag - (lag * share).astype(np.int64))
+        if "copy" in spec:
+            w, found = _pinned(t, w, pick(spec["copy"], point), pick(spec.get("staging", 0.0), point))
+            hit |= found
+        out.append(w)
+    return out if hit else None
+
+
+def _pinned(t: GpuTrace, w, factor: float, staging: float):
+    launches, syncs = input_calls(t, (PAGEABLE,))
+    if not (launches.any() or syncs.any()):
+        return w, False
+    c = t.calls
+    launch_ns = np.zeros(len(c.c_dur), np.int64)
+    for tid in np.unique(c.c_tid[launches]):
+        mine = c.c_tid == tid
+        plain = mine & (c.c_kind == LAUNCH) & ~launches
+        launch_ns[mine] = int(np.median(w.c_dur[plain])) if plain.any() else 0
+    own = np.where(launches, np.minimum(w.c_dur, launch_ns + staging * np.clip(w.c_dur - launch_ns, 0, None)), w.c_dur)
+    copies = t.ops.input == PAGEABLE
+    return replace(w, c_dur=np.where(syncs & ~launches, 0, own).astype(np.int64),
+                   c_blocks=w.c_blocks & ~(launches | syncs),
+                   op_dur=np.where(copies, (w.op_dur * factor).astype(np.int64), w.op_dur)), True
