@@ -43,24 +43,22 @@ def input_calls(t: GpuTrace, which: tuple = (1, 2)) -> tuple[np.ndarray, np.ndar
 
 def loader_work(t: GpuTrace, gap: np.ndarray, lag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(per call, per hand-off): the CPU time before the input copies' calls beyond the thread's
-    typical gap, and the lag of hand-offs that lead to one beyond the thread's typical hand-off
-    (the median of its hand-offs that lead to none; its median gap where every one leads to one)."""
+    typical gap, and the lag of hand-offs that lead to one beyond a wake-up: the median lag of
+    the hand-offs, of any thread, that lead to none (a hand-off's lag is the woken thread's
+    latency plus its own work before its next call; none where every hand-off leads to one)."""
     launches, syncs = input_calls(t)
     on_input = launches | syncs
     c = t.calls
     extra_gap = np.zeros(len(gap), np.int64)
-    extra_lag = np.zeros(len(lag), np.int64)
     dst = t.edges.h_dst
     for tid in np.unique(c.c_tid[on_input]):
         mine = c.c_tid == tid
-        typical = float(np.median(gap[mine]))
         sel = mine & on_input
-        extra_gap[sel] = np.clip(gap[sel] - typical, 0, None)
-        h_mine = mine[dst]
-        h_in = h_mine & on_input[dst]
-        others = lag[h_mine & ~on_input[dst]]
-        typical_lag = float(np.median(others)) if len(others) else typical
-        extra_lag[h_in] = np.clip(lag[h_in] - typical_lag, 0, None)
+        extra_gap[sel] = np.clip(gap[sel] - float(np.median(gap[mine])), 0, None)
+    h_in = on_input[dst]
+    wake = float(np.median(lag[~h_in])) if (~h_in).any() else None
+    extra_lag = np.where(h_in, np.clip(lag - wake, 0, None), 0).astype(np.int64) if wake is not None \
+        else np.zeros(len(lag), np.int64)
     return extra_gap, extra_lag
 
 
