@@ -63,20 +63,23 @@ def loader_work(t: GpuTrace, gap: np.ndarray, lag: np.ndarray) -> tuple[np.ndarr
 
 
 def apply(spec, pick, point, traces, weights, ctx):
-    """``build``: the share of the loader's work (``loader_work``) that leaves the training thread
-    (workers build the batch during the step before). ``copy``: the pageable input copies come
+    """``dequeue``: the loader's work (``loader_work``) leaves the training thread (workers build
+    the batch during the step before) but for ``dequeue`` ns a batch: taking a batch from a worker
+    (unpickling it, receiving each tensor's shared memory) is the training thread's own work.
+    ``copy``: the pageable input copies come
     from pinned memory: they no longer block the host (the copy's call and the stream sync after
     it), the copy's call keeps ``staging`` of its own time beyond a launch's (the host's copy into
     pinned memory, where the training thread pins; a loader's pin thread takes it off), and the
     DMA runs at ``copy`` of its time. None where the window holds no copy the fix acts on."""
     out, hit = [], False
     for t, w in zip(traces, weights):
-        if "build" in spec:
-            share = pick(spec["build"], point)
+        if "dequeue" in spec:
+            kept = pick(spec["dequeue"], point)
             gap, lag = loader_work(t, w.c_gap, w.h_lag)
             hit |= bool(gap.any() or lag.any())
-            w = replace(w, c_gap=w.c_gap - (gap * share).astype(np.int64),
-                        h_lag=w.h_lag - (lag * share).astype(np.int64))
+            # a batch's work sits before its first copy call, the calls after it hold a few us each
+            w = replace(w, c_gap=w.c_gap - np.clip(gap - kept, 0, None).astype(np.int64),
+                        h_lag=w.h_lag - np.clip(lag - kept, 0, None).astype(np.int64))
         if "copy" in spec:
             w, found = _pinned(t, w, pick(spec["copy"], point), pick(spec.get("staging", 0.0), point))
             hit |= found
