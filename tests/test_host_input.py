@@ -1,0 +1,98 @@
+"""The input pipeline's fixes on the replay's graph (``replay.host_input``), on a committed export
+whose batches are built on the training thread by construction (`mcore_ep4_input_pageable`: 4
+GPUs, 2 micro-batches a step, each batch's tokens, [1, 1, s, s] mask and position ids built on
+the host after 3 ms of the loader's own work, then copied from pageable memory), and on its twin
+whose batches are built on the GPU (`mcore_ep4_base`)."""
+from __future__ import annotations
+
+import tomllib
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from profclass.replay import host_input as H
+from profclass.replay import run as R
+from profclass.replay import transforms as T
+from profclass.replay.trace import COPY, PAGEABLE
+
+NAME = "mcore_ep4_input_pageable"
+MICROBATCHES = 2  # the workload's --num-microbatches: one batch loaded each
+TENSORS = 3  # tokens, mask, position ids: one host-to-device copy each
+PREP_NS = 3_000_000  # the workload's --input-prep-ms: a floor of each batch's build
+FIXES = {f["id"]: f for f in tomllib.loads((ROOT / "profclass" / "data" / "fixes.toml").read_text())["fix"]}
+
+
+@pytest.fixture(scope="module")
+def replayer(diagnosis):
+    return R.Replayer(diagnosis(NAME).extra.replay_inputs)
+
+
+def test_every_batch_copy_is_an_input_copy_from_pageable_memory_and_none_is_offload(replayer):
+    for t in replayer.traces:
+        inputs = t.ops.input > 0
+        assert inputs.sum() == TENSORS * MICROBATCHES * t.iterations
+        assert (t.ops.kind[inputs] == COPY).all() and (t.ops.input[inputs] == PAGEABLE).all()
+        assert not (t.ops.offload & inputs).any()
+
+
+def test_the_loader_work_is_one_build_per_micro_batch_at_least_the_workloads_own(replayer):
+    """Per GPU, the CPU time before the batches' copies beyond a typical gap (or a wake-up, where
+    the training thread was woken from the backward) holds one stretch per batch loaded, each at
+    least the workload's 3 ms; the input calls' remaining excess is noise (under 0.5 ms a step)."""
+    for t, w in zip(replayer.traces, replayer.captured):
+        gap, lag = H.loader_work(t, w.c_gap, w.h_lag)
+        work = np.r_[gap, lag]
+        builds = work[work >= PREP_NS]
+        assert len(builds) == MICROBATCHES * t.iterations
+        assert builds.max() < 4 * PREP_NS  # the build and its mask, not a step's host time
+        assert work[work < PREP_NS].sum() / t.iterations < 500_000
+
+
+def test_workers_take_the_build_off_and_leave_each_batch_its_dequeue(replayer):
+    r = replayer
+    spec = FIXES["host_input_workers"]["transform"]
+    out = T.apply(spec, "best", r.traces, r.captured, r.ctx)
+    kept = spec["dequeue"][1]
+    for t, w, o in zip(r.traces, r.captured, out):
+        gap, lag = H.loader_work(t, w.c_gap, w.h_lag)
+        removed = (w.c_gap - o.c_gap).sum() + (w.h_lag - o.h_lag).sum()
+        assert removed == np.clip(gap - kept, 0, None).sum() + np.clip(lag - kept, 0, None).sum()
+        assert removed >= MICROBATCHES * t.iterations * (PREP_NS - kept)
+        assert (o.c_dur == w.c_dur).all() and (o.op_dur == w.op_dur).all()
+
+
+def test_pinned_copies_block_nothing_and_run_their_dma_at_the_stated_factor(replayer):
+    r = replayer
+    spec = FIXES["host_input_pinned"]["transform"]
+    out = T.apply(spec, "best", r.traces, r.captured, r.ctx)
+    for t, w, o in zip(r.traces, r.captured, out):
+        launches, syncs = H.input_calls(t, (PAGEABLE,))
+        assert launches.sum() == TENSORS * MICROBATCHES * t.iterations and syncs.any()
+        assert w.c_blocks[syncs].all() and not o.c_blocks[launches | syncs].any()
+        assert (o.c_dur[syncs & ~launches] == 0).all()
+        copies = t.ops.input == PAGEABLE
+        assert (o.op_dur[copies] == (w.op_dur[copies] * spec["copy"][1]).astype(np.int64)).all()
+        assert (o.op_dur[~copies] == w.op_dur[~copies]).all()
+    assert r.step_ms(r.replay(out)) <= r.step_ms(r.base)
+
+
+def test_the_input_fixes_are_replay_prices_inside_what_the_loader_and_copies_hold(diagnosis):
+    """Both fixes are priced by their replay, not the share model; the workers' best is at most
+    the slowest GPU's loader work a step (a removed stretch saves at most itself)."""
+    d = diagnosis(NAME)
+    fixes = {f["id"]: f for f in d.fixes}
+    r = R.Replayer(d.extra.replay_inputs)
+    loader = max(sum(x.sum() for x in H.loader_work(t, w.c_gap, w.h_lag)) / t.iterations
+                 for t, w in zip(r.traces, r.captured)) / 1e6
+    for fid in ("host_input_workers", "host_input_pinned"):
+        assert fixes[fid]["gain_basis"].startswith("replay:host_input"), fid
+    assert 0 < fixes["host_input_workers"]["expected_gain_ms"] <= loader
+    assert 0 <= fixes["host_input_pinned"]["expected_gain_ms"] < fixes["host_input_workers"]["expected_gain_ms"]
+
+
+def test_a_job_whose_batches_are_built_on_the_gpu_gives_the_transform_nothing(diagnosis):
+    r = R.Replayer(diagnosis("mcore_ep4_base").extra.replay_inputs)
+    assert not any((t.ops.input > 0).any() for t in r.traces)
+    for fid in ("host_input_workers", "host_input_pinned"):
+        assert T.apply(FIXES[fid]["transform"], "best", r.traces, r.captured, r.ctx) is None
