@@ -49,7 +49,7 @@ def test_the_loader_work_is_one_build_per_micro_batch_at_least_the_workloads_own
         assert work[work < PREP_NS].sum() / t.iterations < 500_000
 
 
-def test_workers_take_the_build_off_and_leave_each_batch_its_dequeue(replayer):
+def test_workers_take_the_build_off_and_leave_the_training_thread_its_dequeue(replayer):
     r = replayer
     spec = FIXES["host_input_workers"]["transform"]
     out = T.apply(spec, "best", r.traces, r.captured, r.ctx)

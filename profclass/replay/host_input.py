@@ -3,6 +3,9 @@ take the batch's building off the training thread, pinned memory takes the block
 copies. Both act on the window's input copies (``Ops.input``: host-to-device copies that are no
 offload, ``idle.copy_roles``) and the host calls around them.
 
+With workers the batch still has to be taken off the workers' queue: by PyTorch's pin thread
+where the loader pins (Megatron-LM's does), else by the training thread itself.
+
 Where the batch is built: a loader without workers builds it on the training thread, between
 the step's last CUDA call and the first copy of the batch (decoding, packing and masks are CPU
 work that calls no CUDA API). So it is the CPU time before the batch's copy calls: the gap
@@ -64,8 +67,9 @@ def loader_work(t: GpuTrace, gap: np.ndarray, lag: np.ndarray) -> tuple[np.ndarr
 
 def apply(spec, pick, point, traces, weights, ctx):
     """``dequeue``: the loader's work (``loader_work``) leaves the training thread (workers build
-    the batch during the step before) but for ``dequeue`` ns a batch: taking a batch from a worker
-    (unpickling it, receiving each tensor's shared memory) is the training thread's own work.
+    the batch during the step before) but for ``dequeue`` ns a batch: taking it from the workers
+    (unpickling it, receiving each tensor's shared memory) is the pin thread's work with
+    ``pin_memory=True``, the training thread's without.
     ``copy``: the pageable input copies come
     from pinned memory: they no longer block the host (the copy's call and the stream sync after
     it), the copy's call keeps ``staging`` of its own time beyond a launch's (the host's copy into
