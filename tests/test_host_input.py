@@ -96,3 +96,27 @@ def test_a_job_whose_batches_are_built_on_the_gpu_gives_the_transform_nothing(di
     assert not any((t.ops.input > 0).any() for t in r.traces)
     for fid in ("host_input_workers", "host_input_pinned"):
         assert T.apply(FIXES[fid]["transform"], "best", r.traces, r.captured, r.ctx) is None
+
+
+def test_diff_reads_the_batches_moving_to_the_gpu_off_the_copies(diagnosis):
+    """`mcore_ep4_base` is the same job with its batches built on the GPU: ``diff`` recognises
+    ``host_input_on_gpu`` from the copies alone (no flag says it), and nothing the other way."""
+    from profclass.diff import diff
+
+    b, c = diagnosis(NAME), diagnosis("mcore_ep4_base")
+    rows = diff(b, c).fix_gains
+    assert [(f["fix"], f["detected_by"]) for f in rows] == [("host_input_on_gpu", "inputs:gpu")]
+    assert rows[0]["predicted_gain_ms"] > 0
+    assert not [f for f in diff(c, b).fix_gains if f["fix"].startswith("host_input")]
+
+
+@pytest.mark.parametrize("base, cand, pinned", [
+    (dict(inputs=True, pageable=True), dict(inputs=True, pageable=False), True),
+    (dict(inputs=True, pageable=True), dict(inputs=True, pageable=True), False),  # still pageable
+    (dict(inputs=True, pageable=True), dict(inputs=False, pageable=False), False),  # built on the GPU instead
+    (dict(inputs=True, pageable=False), dict(inputs=True, pageable=False), False)])  # pinned on both
+def test_pinned_copies_are_recognised_only_where_every_pageable_copy_became_pinned(base, cand, pinned):
+    from profclass.diff.fix_gains import _applied
+
+    signs = dict(fp8=False, libraries=set(), graphs=False)
+    assert _applied("inputs:pinned", {}, {}, {**signs, **base}, {**signs, **cand})[0] is pinned
