@@ -26,10 +26,10 @@ from dataclasses import replace
 import numpy as np
 
 from .host_calls import LAUNCH
-from .trace import PAGEABLE, GpuTrace
+from .trace import PAGEABLE, PINNED, GpuTrace
 
 
-def input_calls(t: GpuTrace, which: tuple = (1, 2)) -> tuple[np.ndarray, np.ndarray]:
+def input_calls(t: GpuTrace, which: tuple = (PINNED, PAGEABLE)) -> tuple[np.ndarray, np.ndarray]:
     """(launches, syncs): per host call, whether it launched an input copy of the memory kinds
     ``which`` (``trace.PINNED``, ``trace.PAGEABLE``), and whether it blocked waiting for one."""
     n = len(t.calls.c_start)
@@ -69,8 +69,7 @@ def apply(spec, pick, point, traces, weights, ctx):
     """``dequeue``: the loader's work (``loader_work``) leaves the training thread (workers build
     the batch during the step before) but for ``dequeue`` ns a batch: taking it from the workers
     (unpickling it, receiving each tensor's shared memory) is the pin thread's work with
-    ``pin_memory=True``, the training thread's without.
-    ``copy``: the pageable input copies come
+    ``pin_memory=True``, the training thread's without. ``copy``: the pageable input copies come
     from pinned memory: they no longer block the host (the copy's call and the stream sync after
     it), the copy's call keeps ``staging`` of its own time beyond a launch's (the host's copy into
     pinned memory, where the training thread pins; a loader's pin thread takes it off), and the
