@@ -106,9 +106,12 @@ def _largest_wall(cp: dict) -> str:
 
 def _graph_trials(r, left: list, table: dict, weights) -> list:
     """Each graph fix of ``left`` applied on ``weights`` and replayed: (fix, spec, weights after,
-    outcome); a fix with nothing to act on is left out."""
+    outcome); a fix with nothing to act on is left out. In the fixes table's order (the order to
+    try them), so that of two fixes with one transform (a specific one and its general form) the
+    plan takes the first: the best trial is the first of equal gains."""
+    order = {fid: i for i, fid in enumerate(table)}
     trials = []
-    for f in left:
+    for f in sorted(left, key=lambda f: order.get(f["id"], len(order))):
         spec = table[f["id"]]["transform"]
         w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
         if w is not None:
