@@ -256,20 +256,18 @@ def test_call_cb_unmeasured_pairs_on_all_four_replicates_as_the_notebook_reports
     """Call CB's pairs went unmeasured in both pairs of replicates (calls CB2 and CB3: the
     host-paced bases' runs 7.0-25.4% apart); on the mean of all four runs of each configuration
     three of the four realized gains fall inside their registered ranges, two within target."""
+    rows = ROW.findall(_registration("CB"))
+    prices = {label: _row_price(label, rest, "CB") for label, _, _, rest in rows}
+    pairs = [(label, BASE_CONFIG[base], cand) for label, base, cand, _ in rows]
     for runs in ("cb", "cb3"):
-        judged = judge_pairs.judge_call({r[0]: _row_price(r[0], r[3], "CB") for r in ROW.findall(_registration("CB"))},
-                                        lambda name: _read(name, "CB"), 6, 30,
-                                        [f"CB{i}={runs}:{b}_pageable:{c}" for i, (b, c) in enumerate(
-                                            [("cb_small", "cb_small_w2"), ("cb_small", "cb_small_w2pin"),
-                                             ("cb_mid", "cb_mid_w2"), ("cb_mid", "cb_mid_w2pin")], 1)])
+        judged = judge_pairs.judge_call(prices, lambda name: _read(name, "CB"), 6, 30,
+                                        [f"{label}={runs}:{base}:{cand}" for label, base, cand in pairs])
         assert not any(j["measured"] for j in judged), runs
-    prices = {r[0]: _row_price(r[0], r[3], "CB") for r in ROW.findall(_registration("CB"))}
     mean = lambda cfg: sum(judge_pairs.run_mean(_read(f"{p}_{cfg}_{u}.log", "CB"), 6, 30)  # noqa: E731
                            for p in ("cb", "cb3") for u in ("u1", "u2")) / 4
     hits = []
-    for label, base, cand in (("CB1", "cb_small", "cb_small_w2"), ("CB2", "cb_small", "cb_small_w2pin"),
-                              ("CB3", "cb_mid", "cb_mid_w2"), ("CB4", "cb_mid", "cb_mid_w2pin")):
-        b = mean(f"{base}_pageable")
+    for label, base, cand in pairs:
+        b = mean(base)
         realized = b - mean(cand)
         p = prices[label]
         hits.append((label, gain_pairs.replay_in_range(p["low_ms"], p["high_ms"], realized, b),

@@ -51,13 +51,9 @@ def loader_work(t: GpuTrace, gap: np.ndarray, lag: np.ndarray) -> tuple[np.ndarr
     latency plus its own work before its next call; none where every hand-off leads to one)."""
     launches, syncs = input_calls(t)
     on_input = launches | syncs
-    c = t.calls
-    extra_gap = np.zeros(len(gap), np.int64)
+    typical = _thread_median(t.calls.c_tid, gap, np.ones(len(gap), bool))
+    extra_gap = np.where(on_input, np.clip(gap - typical, 0, None), 0).astype(np.int64)
     dst = t.edges.h_dst
-    for tid in np.unique(c.c_tid[on_input]):
-        mine = c.c_tid == tid
-        sel = mine & on_input
-        extra_gap[sel] = np.clip(gap[sel] - float(np.median(gap[mine])), 0, None)
     h_in = on_input[dst]
     wake = float(np.median(lag[~h_in])) if (~h_in).any() else None
     extra_lag = np.where(h_in, np.clip(lag - wake, 0, None), 0).astype(np.int64) if wake is not None \
@@ -95,13 +91,20 @@ def _pinned(t: GpuTrace, w, factor: float, staging: float):
     if not (launches.any() or syncs.any()):
         return w, False
     c = t.calls
-    launch_ns = np.zeros(len(c.c_dur), np.int64)
-    for tid in np.unique(c.c_tid[launches]):
-        mine = c.c_tid == tid
-        plain = mine & (c.c_kind == LAUNCH) & ~launches
-        launch_ns[mine] = int(np.median(w.c_dur[plain])) if plain.any() else 0
+    launch_ns = _thread_median(c.c_tid, w.c_dur, (c.c_kind == LAUNCH) & ~launches).astype(np.int64)
     own = np.where(launches, np.minimum(w.c_dur, launch_ns + staging * np.clip(w.c_dur - launch_ns, 0, None)), w.c_dur)
     copies = t.ops.input == PAGEABLE
     return replace(w, c_dur=np.where(syncs & ~launches, 0, own).astype(np.int64),
                    c_blocks=w.c_blocks & ~(launches | syncs),
                    op_dur=np.where(copies, (w.op_dur * factor).astype(np.int64), w.op_dur)), True
+
+
+def _thread_median(tid: np.ndarray, values: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """Per call: the median of ``values`` over its thread's calls where ``among`` holds, 0 where
+    the thread has none."""
+    out = np.zeros(len(values))
+    for one in np.unique(tid):
+        mine = tid == one
+        if (mine & among).any():
+            out[mine] = np.median(values[mine & among])
+    return out
