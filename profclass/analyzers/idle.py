@@ -80,6 +80,30 @@ def copy_roles(copies: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return hd.iloc[:0], hd[hd["kind"] == "HtoD"]
 
 
+MASK_MIN_SEQ = 64  # shortest sequence whose [s, s] mask is told from a token tensor by its size
+MASK_MAX_BATCH = 64  # largest micro-batch the size arithmetic tries
+
+
+def attention_masks(nbytes: np.ndarray) -> np.ndarray:
+    """Per input copy (its bytes): whether it is a boolean attention mask, [b', 1, s, s] (b' = 1
+    or the micro-batch b), beside a token tensor of the same batch, int64 [b, s] or [b, s + 1]
+    (tokens, labels, position ids: a loader's --create-attention-mask-in-dataloader batch). Only
+    the largest size is tried: s^2 bytes outweigh 8 b s wherever s > 8 b, and a smaller square
+    size (a float [b, s] loss mask of 256^2 bytes) would find a token-sized partner by chance."""
+    sizes = np.unique(nbytes)
+    if not len(sizes) or sizes[-1] < MASK_MIN_SEQ ** 2:
+        return np.zeros(len(nbytes), bool)
+    n, b = int(sizes[-1]), np.arange(1, MASK_MAX_BATCH + 1)
+    for b_mask in b[n % b == 0]:
+        s = int(round(np.sqrt(n // b_mask)))
+        if s < MASK_MIN_SEQ or b_mask * s * s != n:
+            continue
+        b_tok = b if b_mask == 1 else np.array([b_mask])  # [1, 1, s, s] is broadcast over the batch
+        if np.isin(8 * np.r_[b_tok * s, b_tok * (s + 1)], sizes[:-1]).any():
+            return nbytes == n
+    return np.zeros(len(nbytes), bool)
+
+
 def _host_calls(r: IdleResult, gpu: GpuTimeline):
     """Allocator calls and the ends of host syncs near the window; counts those inside it."""
     lo, hi = gpu.window

@@ -32,11 +32,16 @@ from .trace import PAGEABLE, PINNED, GpuTrace
 def input_calls(t: GpuTrace, which: tuple = (PINNED, PAGEABLE)) -> tuple[np.ndarray, np.ndarray]:
     """(launches, syncs): per host call, whether it launched an input copy of the memory kinds
     ``which`` (``trace.PINNED``, ``trace.PAGEABLE``), and whether it blocked waiting for one."""
+    if t.ops.input is None:
+        n = len(t.calls.c_start)
+        return np.zeros(n, bool), np.zeros(n, bool)
+    return _calls_of(t, np.isin(t.ops.input, which))
+
+
+def _calls_of(t: GpuTrace, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(launches, syncs) per host call: it launched an op of ``sel``, it blocked waiting for one."""
     n = len(t.calls.c_start)
     launches, syncs = np.zeros(n, bool), np.zeros(n, bool)
-    if t.ops.input is None:
-        return launches, syncs
-    sel = np.isin(t.ops.input, which)
     at = t.ops.launch[sel]
     launches[at[at >= 0]] = True
     tg = t.calls.c_target
@@ -69,7 +74,8 @@ def apply(spec, pick, point, traces, weights, ctx):
     from pinned memory: they no longer block the host (the copy's call and the stream sync after
     it), the copy's call keeps ``staging`` of its own time beyond a launch's (the host's copy into
     pinned memory, where the training thread pins; a loader's pin thread takes it off), and the
-    DMA runs at ``copy`` of its time. None where the window holds no copy the fix acts on."""
+    DMA runs at ``copy`` of its time. ``mask``: the batch's attention mask is no longer built and
+    copied on the host (``_mask_on_gpu``). None where the window holds no copy the fix acts on."""
     out, hit = [], False
     for t, w in zip(traces, weights):
         if "dequeue" in spec:
@@ -81,6 +87,9 @@ def apply(spec, pick, point, traces, weights, ctx):
                         h_lag=w.h_lag - np.clip(lag - kept, 0, None).astype(np.int64))
         if "copy" in spec:
             w, found = _pinned(t, w, pick(spec["copy"], point), pick(spec.get("staging", 0.0), point))
+            hit |= found
+        if "mask" in spec:
+            w, found = _mask_on_gpu(t, w, pick(spec["mask"], point))
             hit |= found
         out.append(w)
     return out if hit else None
@@ -97,6 +106,23 @@ def _pinned(t: GpuTrace, w, factor: float, staging: float):
     return replace(w, c_dur=np.where(syncs & ~launches, 0, own).astype(np.int64),
                    c_blocks=w.c_blocks & ~(launches | syncs),
                    op_dur=np.where(copies, (w.op_dur * factor).astype(np.int64), w.op_dur)), True
+
+
+def _mask_on_gpu(t: GpuTrace, w, build: float):
+    """The attention masks' copies leave: the DMA, its call's host time (a pageable copy's staging)
+    and the syncs that waited for it; the attention kernel applies causality itself. Their build
+    leaves too, ``build`` x the masks' share of the batch's input bytes x the loader's work before
+    the batch: where the loader's work goes by the byte (packing, collating) the mask holds its
+    byte share of it (``build`` 1), where the dataset caches the mask none but a collate (0)."""
+    if t.ops.mask is None or not t.ops.mask.any():
+        return w, False
+    launches, syncs = _calls_of(t, t.ops.mask)
+    gap, lag = loader_work(t, w.c_gap, w.h_lag)
+    share = build * t.mask_bytes_share
+    gone = launches | syncs
+    return replace(w, c_gap=w.c_gap - (gap * share).astype(np.int64), h_lag=w.h_lag - (lag * share).astype(np.int64),
+                   c_dur=np.where(gone, 0, w.c_dur).astype(np.int64), c_blocks=w.c_blocks & ~gone,
+                   op_dur=np.where(t.ops.mask, 0, w.op_dur).astype(np.int64)), True
 
 
 def _thread_median(tid: np.ndarray, values: np.ndarray, among: np.ndarray) -> np.ndarray:

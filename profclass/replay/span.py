@@ -66,7 +66,8 @@ def trim(t: GpuTrace, first: int, k: int) -> GpuTrace:
               fusion=o.fusion[sl], recomputed=o.recomputed[sl], offload=o.offload[sl],
               launch=call_map[o.launch[sl]], launch_lag=o.launch_lag[sl], stream_gap=o.stream_gap[sl],
               name=None if o.name is None else o.name[sl], grid=None if o.grid is None else o.grid[sl],
-              side=None if o.side is None else o.side[sl], input=None if o.input is None else o.input[sl])
+              side=None if o.side is None else o.side[sl], input=None if o.input is None else o.input[sl],
+              mask=None if o.mask is None else o.mask[sl])
     ed = t.edges
     es, edst = op_map[ed.e_src], op_map[ed.e_dst]
     ek = (es >= 0) & (edst >= 0)

@@ -21,7 +21,7 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..analyzers.compute import fusion_codes
-from ..analyzers.idle import OFFLOAD_MIN_BYTES, copy_roles
+from ..analyzers.idle import OFFLOAD_MIN_BYTES, attention_masks, copy_roles
 from ..analyzers.recompute import recomputed_spans
 from ..kernel_table import name_codes
 from ..timeline import GpuTimeline
@@ -56,6 +56,7 @@ class Ops:
     grid: np.ndarray | None = None  # CTAs a kernel launched (0: not a kernel, or not in the export)
     side: np.ndarray | None = None  # int8: FWD / BWD for a forward- or backward-only pair kernel, 0 other
     input: np.ndarray | None = None  # int8: a host-to-device input copy (idle.copy_roles) from PINNED / PAGEABLE memory, 0 other
+    mask: np.ndarray | None = None  # bool: an input copy that is the batch's attention mask (idle.attention_masks)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class GpuTrace:
     names: tuple = ()  # normalised op names (what ``diff`` matches by): ``Ops.name`` codes into it
     iteration_starts: np.ndarray | tuple = ()  # each replayed iteration's start (``span.common`` cuts by them)
     sm_count: int = 0  # the GPU's SMs (the export's TARGET_INFO_GPU; 0: not in it)
+    mask_bytes_share: float = 0.0  # the attention masks' share of the window's input bytes (``Ops.mask``)
 
     @property
     def n_ops(self) -> int:
@@ -157,10 +159,12 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
     calls = window_calls(gpu, lo, hi)
     launch = _launch_index(ops["correlation"].to_numpy(np.int64), ops["launch_start"].to_numpy(np.int64), calls)
     recomputed = _recomputed(ops, kind, lo, hi, recomputes)
-    inputs = _inputs(ops, kind)
+    inputs, masks = _inputs(ops, kind)
+    nbytes = ops["bytes"].to_numpy(np.int64)
+    mask_share = float(nbytes[masks].sum() / nbytes[inputs > 0].sum()) if masks.any() else 0.0
     # a large pinned input copy is the batch, not offload (``copy_roles``: offload goes both ways)
     offload = ((kind == COPY) & ops["kind"].astype(str).isin(["HtoD", "DtoH"]).to_numpy()
-               & (ops["bytes"].to_numpy(np.int64) >= OFFLOAD_MIN_BYTES) & ops["pinned"].to_numpy(bool) & (inputs == 0))
+               & (nbytes >= OFFLOAD_MIN_BYTES) & ops["pinned"].to_numpy(bool) & (inputs == 0))
     e_src, e_dst, source = _event_edges(ops, stream, sync_events, gpu.pid)
     from_start = np.zeros(len(e_src), bool)
     c_end = calls["end"].to_numpy(np.int64)
@@ -188,22 +192,25 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
         ops=Ops(start=start, dur=end - start, stream=stream, kind=kind, gemm=ops["is_gemm"].to_numpy(bool),
                 fusion=_fusion(ops, kind), recomputed=recomputed, offload=offload, launch=launch,
                 launch_lag=lags, stream_gap=gaps, name=name_code, grid=ops["grid"].to_numpy(np.int64), side=_sides(ops, kind),
-                input=inputs),
+                input=inputs, mask=masks),
         calls=Calls(**c), edges=Edges(e_src=e_src, e_dst=e_dst, e_lag=e_lag, e_from_start=from_start, **h),
         edge_source=source, measured_end=measured_end, unexplained_ns=unexplained, names=names,
-        sm_count=int(sm_count))
+        sm_count=int(sm_count), mask_bytes_share=mask_share)
 
 
-def _inputs(ops: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
+def _inputs(ops: pd.DataFrame, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per op: PINNED / PAGEABLE for a host-to-device input copy (the batch: ``idle.copy_roles``,
-    the idle analyzer's split), 0 for every other op."""
-    out = np.zeros(len(kind), np.int8)
+    the idle analyzer's split), 0 for every other op; and whether it is the batch's attention
+    mask (``idle.attention_masks``)."""
+    out, mask = np.zeros(len(kind), np.int8), np.zeros(len(kind), bool)
     pos = np.flatnonzero(kind == COPY)
     if not len(pos):
-        return out
+        return out, mask
     _, inp = copy_roles(ops.iloc[pos].reset_index(drop=True))
-    out[pos[inp.index.to_numpy()]] = np.where(inp["pinned"].to_numpy(bool), PINNED, PAGEABLE)
-    return out
+    at = pos[inp.index.to_numpy()]
+    out[at] = np.where(inp["pinned"].to_numpy(bool), PINNED, PAGEABLE)
+    mask[at] = attention_masks(inp["bytes"].to_numpy(np.int64))
+    return out, mask
 
 
 def _sides(ops: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
