@@ -120,3 +120,62 @@ def test_pinned_copies_are_recognised_only_where_every_pageable_copy_became_pinn
 
     signs = dict(fp8=False, libraries=set(), graphs=False)
     assert _applied("inputs:pinned", {}, {}, {**signs, **base}, {**signs, **cand})[0] is pinned
+
+
+MASK_BYTES = 2048 * 2048  # the workload's [1, 1, s, s] bool mask at s = 2048
+
+
+def test_each_batch_mask_is_told_from_its_token_tensors_by_size(replayer):
+    """One mask copy per micro-batch, the batch's largest; the tokens ([2, 2049] int64) and
+    position ids ([2, 2048]) are not masks; the masks' byte share is the window's own."""
+    for t in replayer.traces:
+        assert t.ops.mask.sum() == MICROBATCHES * t.iterations
+        assert (t.ops.input[t.ops.mask] == PAGEABLE).all()
+        tokens = 2 * 8 * (2049 + 2048)
+        assert t.mask_bytes_share == pytest.approx(MASK_BYTES / (MASK_BYTES + tokens))
+
+
+@pytest.mark.parametrize("sizes, masks", [
+    ([8 * 4 * 4096, 8 * 4 * 4096, 4 * 4 * 4096, 4 * 4096 * 4096], [False, False, False, True]),  # [4, 1, s, s]
+    ([8 * 1 * 8192, 4 * 8192, 8192 * 8192], [False, False, True]),  # [1, 1, 8192, 8192] beside [1, 8192]
+    ([8 * 4 * 128, 128 * 128], [False, True]),  # micro-batch 4 of 128 tokens, the mask broadcast
+    ([8 * 16 * 128, 128 * 128], [False, False]),  # s = 8 b: the mask no larger than the tokens, not told apart
+    ([8 * 2 * 4097, 8 * 2 * 4096, 4 * 2 * 4096], [False, False, False]),  # no mask: a float loss mask is not one
+    ([8 * 3 * 4096, 2 * 4096 * 4096], [False, False]),  # [2, 1, s, s] beside a batch of 3: not one batch
+    ([256 * 256], [False]),  # a square size alone: no token tensor beside it
+    ([], [])])
+def test_attention_masks_need_the_shape_of_a_mask_beside_a_token_tensor(sizes, masks):
+    from profclass.analyzers.idle import attention_masks
+
+    assert attention_masks(np.array(sizes, np.int64)).tolist() == masks
+
+
+@pytest.mark.parametrize("point", ["low", "best", "high"])
+def test_the_mask_on_the_gpu_takes_its_copies_syncs_and_byte_share_of_the_build(replayer, point):
+    """The masks' DMA, their calls and the syncs that waited for them go; of the loader's work
+    before each batch the mask's byte share times the point's factor; nothing else moves."""
+    r = replayer
+    spec = FIXES["host_input_on_gpu"]["transform"]
+    out = T.apply(spec, point, r.traces, r.captured, r.ctx)
+    build = dict(zip(("low", "best", "high"), spec["mask"]))[point]
+    for t, w, o in zip(r.traces, r.captured, out):
+        launches, syncs = H._calls_of(t, t.ops.mask)
+        assert launches.sum() == t.ops.mask.sum() and syncs.any()
+        assert (o.op_dur[t.ops.mask] == 0).all() and (o.op_dur[~t.ops.mask] == w.op_dur[~t.ops.mask]).all()
+        gone = launches | syncs
+        assert (o.c_dur[gone] == 0).all() and (o.c_dur[~gone] == w.c_dur[~gone]).all()
+        assert not o.c_blocks[gone].any()
+        gap, lag = H.loader_work(t, w.c_gap, w.h_lag)
+        removed = (w.c_gap - o.c_gap).sum() + (w.h_lag - o.h_lag).sum()
+        assert removed == pytest.approx(build * t.mask_bytes_share * (gap.sum() + lag.sum()), abs=len(gap) + len(lag))
+    assert r.step_ms(r.replay(out)) < r.step_ms(r.base)
+
+
+def test_the_mask_on_the_gpu_is_a_replay_price_and_nothing_where_no_mask_is_copied(diagnosis):
+    d = diagnosis(NAME)
+    f = next(f for f in d.fixes if f["id"] == "host_input_on_gpu")
+    assert f["gain_basis"].startswith("replay:host_input")
+    assert f["gain_low_ms"] < f["expected_gain_ms"] < f["gain_high_ms"]
+    r = R.Replayer(diagnosis("mcore_ep4_base").extra.replay_inputs)
+    assert not any(t.ops.mask.any() for t in r.traces)
+    assert T.apply(FIXES["host_input_on_gpu"]["transform"], "best", r.traces, r.captured, r.ctx) is None
