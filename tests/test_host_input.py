@@ -179,3 +179,25 @@ def test_the_mask_on_the_gpu_is_a_replay_price_and_nothing_where_no_mask_is_copi
     r = R.Replayer(diagnosis("mcore_ep4_base").extra.replay_inputs)
     assert not any(t.ops.mask.any() for t in r.traces)
     assert T.apply(FIXES["host_input_on_gpu"]["transform"], "best", r.traces, r.captured, r.ctx) is None
+
+
+@pytest.mark.parametrize("base, cand, on_gpu", [
+    (dict(inputs=True, masks=True), dict(inputs=False, masks=False), True),  # every batch built on the GPU
+    (dict(inputs=True, masks=True), dict(inputs=True, masks=False), True),  # the mask alone
+    (dict(inputs=True, masks=False), dict(inputs=True, masks=False), False),  # no mask to move
+    (dict(inputs=True, masks=True), dict(inputs=True, masks=True), False),
+    (dict(inputs=False, masks=False), dict(inputs=False, masks=False), False)])
+def test_the_batches_or_their_mask_moving_to_the_gpu_is_recognised(base, cand, on_gpu):
+    from profclass.diff.fix_gains import _applied
+
+    signs = dict(fp8=False, libraries=set(), graphs=False, pageable=False)
+    assert _applied("inputs:gpu", {}, {}, {**signs, **base}, {**signs, **cand})[0] is on_gpu
+
+
+def test_the_idle_analyzer_counts_the_masks_bytes(diagnosis):
+    d = diagnosis(NAME)
+    for dev in d.devices:
+        f = dev["features"]
+        assert f["input_mask_bytes"] % MASK_BYTES == 0 and f["input_mask_bytes"] > 0
+        assert f["input_mask_bytes"] / f["input_bytes"] == pytest.approx(MASK_BYTES / (MASK_BYTES + 2 * 8 * (2049 + 2048)))
+    assert all(dev["features"]["input_mask_bytes"] == 0 for dev in diagnosis("mcore_ep4_base").devices)

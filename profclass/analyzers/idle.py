@@ -62,6 +62,7 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> IdleResult:
     off, inp = copy_roles(sets.copy_ops)
     r.input_bytes = int(inp["bytes"].sum())
     r.input_pageable_bytes = int(inp.loc[~inp["pinned"].astype(bool), "bytes"].sum())
+    r.input_mask_bytes = int(inp.loc[attention_masks(inp["bytes"].to_numpy(np.int64)), "bytes"].sum())
     r.input_exposed_ns = iv.total(iv.subtract(clipped_set(inp, sets.lo, sets.hi), compute_or_comm))
     if gaps[0].size:
         _split(r, gpu, gaps, off, inp)
@@ -257,9 +258,10 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
     recs = job.records
     mib = np.mean([r.analysis.idle.input_bytes / r.iterations for r in recs]) / 2**20
     pageable = np.mean([r.analysis.idle.input_pageable_bytes / r.iterations for r in recs]) / 2**20
+    masks = np.mean([r.analysis.idle.input_mask_bytes / r.iterations for r in recs]) / 2**20
     return [evidence_row("host", "input pipeline (waits on input copies, exposed copies)", numbers["input_ms"],
                          "ms/step", f"{mib:.1f} MiB host-to-device input per step, {pageable:.1f} MiB from "
-                         "pageable memory; no device-to-host return, so not offload"),
+                         f"pageable memory, {masks:.1f} MiB attention masks; no device-to-host return, so not offload"),
             evidence_row("host", "idle after host syncs", numbers["idle_sync_ms"], "ms/step",
                          "GPU idle that began when a host synchronisation returned"),
             evidence_row("host", "idle, launch-late", numbers["idle_launch_ms"], "ms/step",

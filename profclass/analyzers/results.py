@@ -62,6 +62,7 @@ class IdleResult:
     device_syncs: int = 0  # of which whole-device syncs (DEVICE_SYNC_CALLS)
     input_bytes: int = 0  # host-to-device input copies in the window (not offload)
     input_pageable_bytes: int = 0  # of which from pageable host memory (a blocking copy)
+    input_mask_bytes: int = 0  # of which attention masks (``idle.attention_masks``)
     input_exposed_ns: int = 0  # input copies nothing hides
 
 

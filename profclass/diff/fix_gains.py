@@ -15,7 +15,8 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
     graphs             CUDA graph launches appear
     inputs:pinned      the batches' host-to-device copies, from pageable memory on the base, are all
                        from pinned memory on the candidate
-    inputs:gpu         the base copies batches in from the host, the candidate none (built on the GPU)
+    inputs:gpu         the base copies batches in from the host, the candidate none (built on the GPU), or
+                       the base copies an attention mask with its batches, the candidate none
 
 Where a flag is absent its value may come from the layout (``_LAYOUT_FLAGS``: the micro-batch
 count and VPP read off the timeline). The predicted gain is the replay's price of the change the
@@ -68,7 +69,8 @@ def _number(v) -> float | None:
 def _kernel_signs(d) -> dict:
     feature = lambda key: any((dv["features"].get(key) or 0) > 0 for dv in d.devices)  # noqa: E731
     return dict(fp8=any(k["is_fp8"] for k in d.kernels), libraries={k["library"] for k in d.kernels if k["library"]},
-                graphs=feature("graph_launches"), inputs=feature("input_bytes"), pageable=feature("input_pageable_bytes"))
+                graphs=feature("graph_launches"), inputs=feature("input_bytes"), pageable=feature("input_pageable_bytes"),
+                masks=feature("input_mask_bytes"))
 
 
 def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
@@ -94,8 +96,8 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
     if kind == "inputs":
         if arg == "pinned":
             return kb["pageable"] and kc["inputs"] and not kc["pageable"], 1.0
-        if arg == "gpu":
-            return kb["inputs"] and not kc["inputs"], 1.0
+        if arg == "gpu":  # every batch, or its attention mask, now built on the GPU
+            return kb["inputs"] and (not kc["inputs"] or (kb["masks"] and not kc["masks"])), 1.0
     raise ValueError(f"fixes.toml applied_when: unknown condition {cond!r}")
 
 
