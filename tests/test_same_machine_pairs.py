@@ -1,7 +1,7 @@
 """The thirtieth session's calls AP-AS, the thirty-second's AU, AW and AX, the thirty-third's
 BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL, the thirty-sixth's BN and BP
 the thirty-seventh's BR, BT and BU, the thirty-eighth's BV, BW and BX, the thirty-ninth's CA, CB and CC
-and the fortieth's CD and CE (docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz,
+and the fortieth's CD, CE and CF (docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz,
 timers/s30/, s32/, s33/, s34/, s35/, s36/, s37/, s38/, s39/ and s40/) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
@@ -37,8 +37,9 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "BP": "fixtures/timers/s36/", "BR": "fixtures/timers/s37/", "BT": "fixtures/timers/s37/", "BU": "fixtures/timers/s37/",
         "BV": "fixtures/timers/s38/", "BW": "fixtures/timers/s38/",
         "BX": "fixtures/timers/s38/", "CA": "fixtures/timers/s39/", "CB": "fixtures/timers/s39/",
-        "CC": "fixtures/timers/s39/", "CD": "fixtures/timers/s40/", "CE": "fixtures/timers/s40/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-E]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "CC": "fixtures/timers/s39/", "CD": "fixtures/timers/s40/", "CE": "fixtures/timers/s40/",
+        "CF": "fixtures/timers/s40/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
@@ -59,7 +60,9 @@ RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3":
         "BV2": ("bv", 6, 30), "BV4": ("bv", 6, 30), "BW1": ("bw", 6, 16), "BW2": ("bw", 6, 30),
         **{f"BX{i}": ("bx", 6, 30) for i in range(1, 4)}, **{f"CA{i}": ("ca", 6, 30) for i in range(1, 7)},
         **{f"CB{i}": ("cb", 6, 30) for i in range(1, 5)}, "CC1": ("cc", 6, 30), "CC2": ("cc", 6, 30),
-        **{f"CD{i}": ("cd", 6, 30) for i in range(1, 6)}, **{f"CE{i}": ("ce", 6, 30) for i in range(1, 5)}}
+        **{f"CD{i}": ("cd", 6, 30) for i in range(1, 6)}, **{f"CE{i}": ("ce", 6, 30) for i in range(1, 5)},
+        # call CF's small-base pairs by their second pair of replicates (call CF3: CF2's ran 5.0-6.9% apart)
+        "CF1": ("cf3", 6, 30), "CF2": ("cf3", 6, 30), "CF3": ("cf", 6, 30)}
 # calls BI, BJ, BL and BN register their bases by their capture (calls BH's and BM's exports); their twins
 # ran the capture's config
 BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_pp2_moe_rc",
@@ -67,7 +70,7 @@ BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_p
                "ca_small": "ca_small_pageable", "ca_mid": "ca_mid_pageable", "cb_small": "cb_small_pageable",
                "cb_mid": "cb_mid_pageable", "cc_big": "cc_big_pageable", "cd_small": "cd_small_pageable",
                "cd_smallpin": "cd_small_pin", "cd_mid": "cd_mid_pageable", "ce_big": "ce_big_pageable",
-               "ce_bigpin": "ce_big_pin"}
+               "ce_bigpin": "ce_big_pin", "cf_small": "cd_small_pageable", "cf_mid": "cd_mid_pageable"}
 # call BI's prices were written under the capture call's labels (bi_prices.json: BH1-BH7 are BI1-BI7)
 PRICE_LABEL = {f"BI{i}": f"BH{i}" for i in range(1, 8)}
 # candidates that ran twice the base's micro-batches a step, judged per the base's (registered "per 4")
@@ -129,7 +132,7 @@ def _judged(call: str) -> list[dict]:
     ("BG", 3, 3, 3), ("BI", 7, 7, 7), ("BJ", 5, 5, 5), ("BL", 2, 2, 2),
     ("BN", 6, 5, 5), ("BP", 4, 4, 2), ("BR", 5, 5, 4), ("BT", 5, 4, 4), ("BU", 2, 2, 2),
     ("BV", 4, 4, 4), ("BW", 2, 2, 2), ("BX", 3, 3, 2), ("CA", 2, 0, 0), ("CB", 0, 0, 0),
-    ("CC", 2, 2, 2), ("CD", 0, 0, 0), ("CE", 4, 4, 4)])
+    ("CC", 2, 2, 2), ("CD", 0, 0, 0), ("CE", 4, 4, 4), ("CF", 2, 2, 1)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -158,7 +161,8 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("BV", 4, ("bv2", "bv3")), ("BW", 2, ("bw",)),
                                                   ("BX", 3, ("bx2",)), ("CA", 6, ("ca2", "ca3")),
                                                   ("CB", 4, ("cb2", "cb3")), ("CC", 2, ("cc2",)),
-                                                  ("CD", 5, ("cd2", "cd3")), ("CE", 4, ("ce2",))])
+                                                  ("CD", 5, ("cd2", "cd3")), ("CE", 4, ("ce2",)),
+                                                  ("CF", 3, ("cf2", "cf3"))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,
     whose UTC time precedes the start of each device call that ran the twins (a late price's, of
@@ -281,3 +285,16 @@ def test_unmeasured_calls_on_all_four_replicates_as_the_notebook_reports(call, r
                      gain_pairs.replay_within(p["best_ms"], realized, b)))
     assert [h[0] for h in hits if h[1]] == in_range
     assert [h[0] for h in hits if h[2]] == within
+
+
+def test_call_cf_first_replicates_left_every_pair_unmeasured_its_second_measured_the_small_base():
+    """Call CF2's replicates ran 5.0-38.5% apart (every pair unmeasured); call CF3 ran the small
+    base's three configurations again (its prices unchanged) and they agreed: CF1 and CF2 are
+    judged by those, CF3 (the mid base, not run again) stays unmeasured."""
+    rows = ROW.findall(_registration("CF"))
+    prices = {label: _row_price(label, rest, "CF") for label, _, _, rest in rows}
+    first = judge_pairs.judge_call(prices, lambda name: _read(name, "CF"), 6, 30,
+                                   [f"{label}=cf:{BASE_CONFIG[base]}:{cand}" for label, base, cand, _ in rows])
+    assert not any(j["measured"] for j in first)
+    second = {j["label"]: j for j in _judged("CF")}
+    assert [label for label, j in second.items() if j.get("measured")] == ["CF1", "CF2"]
