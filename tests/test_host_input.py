@@ -201,3 +201,14 @@ def test_the_idle_analyzer_counts_the_masks_bytes(diagnosis):
         assert f["input_mask_bytes"] % MASK_BYTES == 0 and f["input_mask_bytes"] > 0
         assert f["input_mask_bytes"] / f["input_bytes"] == pytest.approx(MASK_BYTES / (MASK_BYTES + 2 * 8 * (2049 + 2048)))
     assert all(dev["features"]["input_mask_bytes"] == 0 for dev in diagnosis("mcore_ep4_base").devices)
+
+
+@pytest.mark.parametrize("mask, offered", [(True, True), (False, False)])
+def test_the_mask_fix_is_offered_only_where_the_batches_carry_a_mask(mask, offered):
+    """A loader whose batches carry no mask (--no-create-attention-mask-in-dataloader already)
+    is still an input pipeline for the workers' fix, but has nothing for host_input_on_gpu."""
+    from profclass.fixes import _applies
+
+    ctx = dict(input_pipeline=True, input_pageable=True, input_mask=mask, scope="training")
+    assert _applies(FIXES["host_input_on_gpu"], ctx, {}) is offered
+    assert _applies(FIXES["host_input_workers"], ctx, {})

@@ -249,9 +249,12 @@ def numbers(job: Job) -> dict:
 
 def facts(job: Job, numbers: dict) -> dict:
     pageable = any(r.analysis.idle.input_pageable_bytes for r in job.records)
+    masks = any(r.analysis.idle.input_mask_bytes for r in job.records)
+    pipeline = numbers["input_ms"] >= INPUT_MIN_SHARE * job.step_ms
+    # input_mask: the batches carry an attention mask the GPU could build (host_input_on_gpu has
+    # nothing to move without one)
     return dict(host_sync_idle=numbers["idle_sync_ms"] >= HOST_SYNC_IDLE_MIN * job.step_ms,
-                input_pipeline=numbers["input_ms"] >= INPUT_MIN_SHARE * job.step_ms,
-                input_pageable=pageable and numbers["input_ms"] >= INPUT_MIN_SHARE * job.step_ms)
+                input_pipeline=pipeline, input_pageable=pageable and pipeline, input_mask=masks and pipeline)
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
