@@ -258,10 +258,8 @@ def facts(job: Job, numbers: dict) -> dict:
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
-    recs = job.records
-    mib = np.mean([r.analysis.idle.input_bytes / r.iterations for r in recs]) / 2**20
-    pageable = np.mean([r.analysis.idle.input_pageable_bytes / r.iterations for r in recs]) / 2**20
-    masks = np.mean([r.analysis.idle.input_mask_bytes / r.iterations for r in recs]) / 2**20
+    mib, pageable, masks = (np.mean([getattr(r.analysis.idle, key) / r.iterations for r in job.records]) / 2**20
+                            for key in ("input_bytes", "input_pageable_bytes", "input_mask_bytes"))
     return [evidence_row("host", "input pipeline (waits on input copies, exposed copies)", numbers["input_ms"],
                          "ms/step", f"{mib:.1f} MiB host-to-device input per step, {pageable:.1f} MiB from "
                          f"pageable memory, {masks:.1f} MiB attention masks; no device-to-host return, so not offload"),
