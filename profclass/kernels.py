@@ -51,6 +51,9 @@ OPTIMIZER_KERNEL = ("multi_tensor_apply", "multi_tensor_adam")
 GEMM = re.compile(r"gemm|nvjet|cutlass|xmma|wgmma|_h?mma_|sm\d\d_.*tilesize|Kernel2$", re.I)
 ATTENTION = re.compile(r"flash|fmha|sdpa|attn|attention", re.I)
 FP8 = re.compile(r"fp8|e4m3|e5m2|f8f6f4|qmma|mxf8|nvfp4", re.I)
+# grouped GEMMs: CUTLASS 3's grouped problem shape (torch._grouped_mm, TE's and Megatron's
+# grouped MLPs) and the grouped_gemm package's kernels
+GROUPED_GEMM = re.compile(r"GroupProblemShape|grouped_?gemm|grouped_mm", re.I)
 # Forward/backward kernel pairs: with activation recompute the forward member runs more often
 # than the backward one (twice per layer under full recompute).
 FWD_BWD_PAIRS = [

@@ -38,6 +38,11 @@ FUSION_SAVES = 0.5  # a fused chain of two memory-bound passes reads and writes 
 # --fp8-hybrid, 0.34 -> 0.24 s/step = 1.42x), range: 1.2x (small GEMMs where the per-step
 # quantisation dominates) to 2x (the tensor cores' peak ratio)
 FP8_SPEEDUP, FP8_SPEEDUP_LOW, FP8_SPEEDUP_HIGH = 1.42, 1.2, 2.0
+# the forward normalisation kernels, whose grids follow the rows (tokens) they normalise:
+# PyTorch's LayerNorm/RMSNorm (one block a row), Apex's (a row per block, up to 65535), and
+# Transformer Engine's tuned and general kernels (a fixed number of rows a block)
+NORM_FORWARD = re.compile(r".*(?:vectorized_layer_norm_kernel|RowwiseMomentsCUDAKernel|LayerNormForwardCUDAKernel"
+                          r"|cuApplyLayerNorm|cuApplyRMSNorm|(?:ln|rmsnorm)_fwd_(?:tuned|general)_kernel)")
 
 
 def fusion_codes(names) -> np.ndarray:
@@ -59,8 +64,19 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> ComputeResult:
                       fp8_kernels=int(sets.kernels["is_fp8"].sum()))
     r.fusible_ns = _clipped_ns(comp[fusion_codes(comp["full_name"]) > 0], sets.lo, sets.hi)
     r.per_step_kernel_ns = _clipped_ns(comp[name_matches(comp["name"], PER_STEP_KERNELS)], sets.lo, sets.hi)
+    r.norm_rows = norm_rows(comp)
     _utilisation(r, gpu, prof, sets)
     return r
+
+
+def norm_rows(comp) -> int:
+    """The median grid of the window's forward normalisation kernels (``NORM_FORWARD``): the
+    rows one launch normalises, the tokens of a micro-batch on this GPU (per TP rank with sequence
+    parallelism), for PyTorch's kernels exactly, for Transformer Engine's in proportion; q/k norms
+    (rows x heads) scale with them. 0 where the window has none or the export no grids."""
+    grid = comp["grid"].to_numpy(np.int64)[name_matches(comp["full_name"], NORM_FORWARD)]
+    grid = grid[grid > 0]
+    return int(np.median(grid)) if len(grid) else 0
 
 
 def _clipped_ns(ops, lo: int, hi: int) -> int:

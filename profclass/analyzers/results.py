@@ -30,6 +30,7 @@ class ComputeResult:
     tensor_active: float | None = None
     fusible_ns: int = 0  # kernels of the fusion flags' families (compute.fusion_codes), summed (ns in the window)
     per_step_kernel_ns: int = 0  # kernels of PER_STEP_KERNELS (optimizer, grad norm), summed
+    norm_rows: int = 0  # rows a forward normalisation kernel launch covers (``compute.norm_rows``)
 
 
 @dataclass

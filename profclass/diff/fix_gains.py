@@ -11,6 +11,9 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
     up:FLAG            FLAG's number grows; the realized gain is then per the base's work
                        (the candidate's step x base value / candidate value)
     kernels:fp8        FP8 GEMM kernels appear
+    kernels:grouped    grouped GEMM kernels appear (``kernels.GROUPED_GEMM``)
+    overlap:dp         the data-parallel gradient reductions, after the backward on the base (under
+                       DP_OVERLAP_SEEN of their time beside compute), run beside it on the candidate
     library:NAME       a communication library's kernels appear (deepep, hybridep)
     graphs             CUDA graph launches appear
     inputs:pinned      the batches' host-to-device copies, from pageable memory on the base, are all
@@ -19,7 +22,8 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
                        the base copies an attention mask with its batches, the candidate none
 
 Where a flag is absent its value may come from the layout (``_LAYOUT_FLAGS``: the micro-batch
-count and VPP read off the timeline). The predicted gain is the replay's price of the change the
+count and VPP read off the timeline); where ``--micro-batch-size`` is, the rows a normalisation
+kernel covers stand in for it (``ROWS``: a micro-batch's tokens, ``compute.norm_rows``). The predicted gain is the replay's price of the change the
 pair made on the base (``replay.run.price_requests`` on the base's replayer, which ``diff``
 shares with the step's split: a schedule change by the sizes both sides ran,
 ``_schedule_change``), as ``diagnose`` prices the fixes it lists; the fix's share model where
@@ -27,8 +31,11 @@ the replay cannot price it (no transform, or a stored base without its replay in
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import run_flags
 from ..fixes import load_table, predict_by_id
+from ..kernels import GROUPED_GEMM
 from ..replay.run import price_requests, request_text
 
 _ABSENT = (None, False, "0", "false", "False")
@@ -40,6 +47,15 @@ _ABSENT = (None, False, "0", "false", "False")
 # is recognised as one that did it by flag
 _LAYOUT_FLAGS = {"microbatches": "--num-microbatches", "vpp": "--virtual-pipeline-model-parallel-size"}
 PP_P2P = "pp_p2p"  # the settings key of an interleaved schedule's P2P mode (``change:pp_p2p=batched->overlapped``)
+# the settings key of a micro-batch's rows (tokens) off the normalisation kernels' grids, where no
+# --micro-batch-size says the size: their growth is the micro-batch's (``up:micro_batch_rows``)
+ROWS = "micro_batch_rows"
+# the share of the DP gradient reductions' time beside compute that tells them issued under the
+# backward: without --overlap-grad-reduce Megatron's DDP reduces after the whole backward, with
+# nothing computing beside it (0.00 on every such corpus capture); with it every bucket but the last
+# is issued under the backward (0.20-0.88 measured on four overlapped captures)
+DP_OVERLAP_SEEN = 0.1
+_DP_REDUCTIONS, _DP_GROUPS = ("all_reduce", "reduce_scatter"), ("DP", "EDP")
 
 
 def _settings(d) -> dict:
@@ -56,6 +72,9 @@ def _settings(d) -> dict:
     pipe = getattr(d, "pipeline", None) or {}
     if (pipe.get("virtual_stages") or 1) > 1 and pipe.get("p2p"):
         out[PP_P2P] = pipe["p2p"]
+    rows = [dv["features"].get("norm_rows") or 0 for dv in getattr(d, "devices", None) or []]
+    if out.get("--micro-batch-size") is None and any(rows):
+        out[ROWS] = float(np.median([r for r in rows if r]))
     return out
 
 
@@ -69,8 +88,18 @@ def _number(v) -> float | None:
 def _kernel_signs(d) -> dict:
     feature = lambda key: any((dv["features"].get(key) or 0) > 0 for dv in d.devices)  # noqa: E731
     return dict(fp8=any(k["is_fp8"] for k in d.kernels), libraries={k["library"] for k in d.kernels if k["library"]},
+                grouped=any(GROUPED_GEMM.search(k["name"]) for k in d.kernels),
                 graphs=feature("graph_launches"), inputs=feature("input_bytes"), pageable=feature("input_pageable_bytes"),
-                masks=feature("input_mask_bytes"))
+                masks=feature("input_mask_bytes"), dp_beside=_dp_beside_compute(d))
+
+
+def _dp_beside_compute(d) -> float | None:
+    """The share of the DP gradient reductions' time (transfer and wait, matched rows) that
+    compute ran beside; None without any."""
+    rows = [c for c in getattr(d, "collectives", None) or []
+            if c["collective"] in _DP_REDUCTIONS and c["group"] in _DP_GROUPS]
+    total = sum(c["transfer_ms_per_step"] + c["wait_ms_per_step"] for c in rows)
+    return sum(c["overlapped_ms_per_step"] for c in rows) / total if total > 0 else None
 
 
 def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
@@ -91,6 +120,9 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
         return not kb[arg] and kc[arg], 1.0
     if kind == "library":
         return arg not in kb["libraries"] and arg in kc["libraries"], 1.0
+    if kind == "overlap":  # overlap:dp
+        b, c = kb["dp_beside"], kc["dp_beside"]
+        return b is not None and c is not None and b < DP_OVERLAP_SEEN <= c, 1.0
     if kind == "graphs":
         return not kb["graphs"] and kc["graphs"], 1.0
     if kind == "inputs":
@@ -103,11 +135,12 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
 
 def _work(s: dict) -> float | None:
     """Sequences per step on one data-parallel rank: the global batch when given (the same
-    divisor on both sides), else micro-batch size x micro-batches; None when neither is set."""
+    divisor on both sides), else micro-batch size (or its rows, ``ROWS``: tokens, the same
+    measure on both sides) x micro-batches; None when neither is set."""
     gbs = _number(s.get("--global-batch-size"))
     if gbs:
         return gbs
-    mbs, m = _number(s.get("--micro-batch-size")), _number(s.get("--num-microbatches"))
+    mbs, m = _number(s.get("--micro-batch-size")) or _number(s.get(ROWS)), _number(s.get("--num-microbatches"))
     return (mbs or 1) * (m or 1) if (mbs or m) else None
 
 
@@ -120,8 +153,8 @@ def _work_ratio(sb: dict, sc: dict, flag_ratio: float) -> float:
 
 # flags whose growth factor a gain model or a replay transform takes (``predict_by_id``'s
 # ``change``; the replay's request: pp_schedule's ``microbatches`` is the factor the count grew)
-_FACTOR_INPUTS = {"--micro-batch-size": "microbatch_factor", "--num-microbatches": "microbatches",
-                  "--global-batch-size": "microbatches"}
+_FACTOR_INPUTS = {"--micro-batch-size": "microbatch_factor", ROWS: "microbatch_factor",
+                  "--num-microbatches": "microbatches", "--global-batch-size": "microbatches"}
 
 
 def _change(cond: str, sb: dict, sc: dict) -> dict:

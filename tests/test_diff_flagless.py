@@ -1,0 +1,105 @@
+"""diff recognises a fix off the timeline where the launch line names no flag (a wrapper, a config
+file, a Bridge recipe): committed pairs whose exports have their launch line replaced by a
+wrapper's (``train job.yaml``; the timelines untouched) are recognised as the same fix, with the
+same price and the same realized gain, as the pairs with their flags."""
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from conftest import profile_path
+from profclass.diff.compare import diff
+from profclass.diff.fix_gains import DP_OVERLAP_SEEN, _dp_beside_compute
+from profclass.inputs import resolve
+
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+
+
+@pytest.fixture(scope="module")
+def flagless(tmp_path_factory):
+    """name -> a copy of the committed export whose launch line is ``train job.yaml``."""
+    out, made = tmp_path_factory.mktemp("flagless"), {}
+
+    def make(name: str) -> str:
+        if name not in made:
+            dst = out / f"{name}.sqlite"
+            with resolve([str(profile_path(name))]) as files:
+                shutil.copy(files[0].sqlite, dst)
+            con = sqlite3.connect(dst)
+            con.execute("DELETE FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_%:ARGUMENT_%'")
+            con.execute("UPDATE META_DATA_CAPTURE SET value = 'train' WHERE name LIKE 'PROCESS_%:COMMAND'")
+            con.execute("INSERT INTO META_DATA_CAPTURE(name, value) VALUES ('PROCESS_0:ARGUMENT_0', 'job.yaml')")
+            con.commit()
+            con.close()
+            made[name] = str(dst)
+        return made[name]
+
+    return make
+
+
+# (base, candidate, the fix, the condition the flagless pair is recognised by)
+PAIRS = [
+    ("mcore_gb_dp4_base", "mcore_gb_dp4_dpoverlap", "dp_overlap_grad_reduce", "overlap:dp"),
+    ("dpnooverlap_4gpu", "dpoverlap_4gpu", "dp_overlap_grad_reduce", "overlap:dp"),  # moe_train's DDP
+    ("mcore_ep2_small_mbs1", "mcore_ep2_small_mbs4", "host_bigger_launches", "up:micro_batch_rows"),
+    ("grouped_base_1gpu", "grouped_cand_1gpu", "compute_grouped_gemm", "kernels:grouped"),
+    # a change none of the three conditions is: the micro-batch count, off the layout as before
+    ("mcore_gb_pp4_m4", "mcore_gb_pp4_m8", "pp_microbatches", "up:--num-microbatches"),
+]
+
+
+@pytest.mark.parametrize("base, cand, fix, cond", PAIRS, ids=[p[2] + ":" + p[0] for p in PAIRS])
+def test_a_flagless_pair_is_recognised_as_its_flagged_twin(base, cand, fix, cond, flagless):
+    bare = diff(flagless(base), flagless(cand))
+    (row,) = bare.fix_gains  # the one fix, nothing else read into the timeline
+    assert (row["fix"], row["detected_by"]) == (fix, cond)
+    flagged = diff(str(profile_path(base)), str(profile_path(cand)))
+    (twin,) = [r for r in flagged.fix_gains if r["fix"] == fix]
+    assert twin["detected_by"].startswith(("on:", "up:--"))  # the flagged pair says it by flag
+    assert row["predicted_gain_ms"] == pytest.approx(twin["predicted_gain_ms"], abs=0.011)
+    assert row["realized_gain_ms"] == pytest.approx(twin["realized_gain_ms"], abs=0.011)
+    assert row["realized_per"] == twin["realized_per"]
+
+
+def _snapshots():
+    for f in sorted(SNAPSHOTS.glob("*.json")):
+        if not f.name.startswith("diff__"):
+            yield f.stem, json.loads(f.read_text())
+
+
+def _flags(d) -> dict:
+    return ((d["config"].get("command_line_flags") or {}).get("value")) or {}
+
+
+def test_norm_rows_are_the_micro_batch_tokens_the_launch_line_gives():
+    """On every capture whose launch line gives the sequence and the micro-batch, each GPU's
+    normalisation kernels cover seq x micro-batch rows (over TP with sequence parallelism)."""
+    seen = 0
+    for name, d in _snapshots():
+        f = _flags(d)
+        if not (isinstance(f, dict) and f.get("--seq-length") and f.get("--micro-batch-size")):
+            continue
+        tp = int(f.get("--tensor-model-parallel-size") or 1) if f.get("--sequence-parallel") else 1
+        rows = int(f["--seq-length"]) * int(f["--micro-batch-size"]) // tp
+        assert {dv["features"]["norm_rows"] for dv in d["devices"]} == {rows}, name
+        seen += 1
+    assert seen >= 30
+
+
+def test_dp_overlap_seen_parts_the_corpus_by_its_launch_lines():
+    """DP_OVERLAP_SEEN against every capture with DP gradient reductions: those launched with
+    --overlap-grad-reduce (flag or moe_train's) run at least that share of them beside compute,
+    the others less."""
+    seen = {True: 0, False: 0}
+    for name, d in _snapshots():
+        share = _dp_beside_compute(type("D", (), {"collectives": d["collectives"]}))
+        if share is None:
+            continue
+        on = "--overlap-grad-reduce" in _flags(d)
+        assert (share >= DP_OVERLAP_SEEN) == on, (name, share)
+        seen[on] += 1
+    assert seen[True] >= 4 and seen[False] >= 30
