@@ -1,8 +1,8 @@
 """The thirtieth session's calls AP-AS, the thirty-second's AU, AW and AX, the thirty-third's
 BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL, the thirty-sixth's BN and BP
 the thirty-seventh's BR, BT and BU, the thirty-eighth's BV, BW and BX, the thirty-ninth's CA, CB and CC
-and the fortieth's CD, CE and CF (docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz,
-timers/s30/, s32/, s33/, s34/, s35/, s36/, s37/, s38/, s39/ and s40/) by
+the fortieth's CD, CE and CF and the forty-first's DA (docs/notes.md), judged again from their packed timer logs
+(fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/, s35/, s36/, s37/, s38/, s39/, s40/ and s41/) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
 committed before the run) or from the prices the call wrote on its machine (AP, AQ), never from
@@ -38,8 +38,8 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "BV": "fixtures/timers/s38/", "BW": "fixtures/timers/s38/",
         "BX": "fixtures/timers/s38/", "CA": "fixtures/timers/s39/", "CB": "fixtures/timers/s39/",
         "CC": "fixtures/timers/s39/", "CD": "fixtures/timers/s40/", "CE": "fixtures/timers/s40/",
-        "CF": "fixtures/timers/s40/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "CF": "fixtures/timers/s40/", "DA": "fixtures/timers/s41/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|DA\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
@@ -62,7 +62,8 @@ RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3":
         **{f"CB{i}": ("cb", 6, 30) for i in range(1, 5)}, "CC1": ("cc", 6, 30), "CC2": ("cc", 6, 30),
         **{f"CD{i}": ("cd", 6, 30) for i in range(1, 6)}, **{f"CE{i}": ("ce", 6, 30) for i in range(1, 5)},
         # call CF's small-base pairs by their second pair of replicates (call CF3: CF2's ran 5.0-6.9% apart)
-        "CF1": ("cf3", 6, 30), "CF2": ("cf3", 6, 30), "CF3": ("cf", 6, 30)}
+        "CF1": ("cf3", 6, 30), "CF2": ("cf3", 6, 30), "CF3": ("cf", 6, 30),
+        **{f"DA{i}": ("da", 6, 30) for i in range(1, 5)}}
 # calls BI, BJ, BL and BN register their bases by their capture (calls BH's and BM's exports); their twins
 # ran the capture's config
 BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_pp2_moe_rc",
@@ -132,7 +133,7 @@ def _judged(call: str) -> list[dict]:
     ("BG", 3, 3, 3), ("BI", 7, 7, 7), ("BJ", 5, 5, 5), ("BL", 2, 2, 2),
     ("BN", 6, 5, 5), ("BP", 4, 4, 2), ("BR", 5, 5, 4), ("BT", 5, 4, 4), ("BU", 2, 2, 2),
     ("BV", 4, 4, 4), ("BW", 2, 2, 2), ("BX", 3, 3, 2), ("CA", 2, 0, 0), ("CB", 0, 0, 0),
-    ("CC", 2, 2, 2), ("CD", 0, 0, 0), ("CE", 4, 4, 4), ("CF", 2, 2, 1)])
+    ("CC", 2, 2, 2), ("CD", 0, 0, 0), ("CE", 4, 4, 4), ("CF", 2, 2, 1), ("DA", 0, 0, 0)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -162,7 +163,7 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("BX", 3, ("bx2",)), ("CA", 6, ("ca2", "ca3")),
                                                   ("CB", 4, ("cb2", "cb3")), ("CC", 2, ("cc2",)),
                                                   ("CD", 5, ("cd2", "cd3")), ("CE", 4, ("ce2",)),
-                                                  ("CF", 3, ("cf2", "cf3"))])
+                                                  ("CF", 3, ("cf2", "cf3")), ("DA", 4, ("da2", "da3", "da4"))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,
     whose UTC time precedes the start of each device call that ran the twins (a late price's, of
@@ -262,14 +263,16 @@ def test_call_bt_overlap_base_paused_for_the_collector_as_the_notebook_reports()
 
 @pytest.mark.parametrize("call, replicates, in_range, within", [
     ("CB", ("cb", "cb3"), ["CB1", "CB3", "CB4"], ["CB1", "CB4"]),
-    ("CD", ("cd", "cd3"), ["CD1", "CD3", "CD4", "CD5"], ["CD1", "CD3", "CD5"])])
+    ("CD", ("cd", "cd3"), ["CD1", "CD3", "CD4", "CD5"], ["CD1", "CD3", "CD5"]),
+    ("DA", ("da", "da4"), ["DA2", "DA3", "DA4"], ["DA4"])])
 def test_unmeasured_calls_on_all_four_replicates_as_the_notebook_reports(call, replicates, in_range, within):
-    """Calls CB and CD went unmeasured in both pairs of replicates (CB2 and CB3, CD2 and CD3:
-    host-paced one-GPU bases whose runs drift 7-29% apart on one lease); the notebook also
+    """Calls CB, CD and DA went unmeasured in both pairs of replicates (CB2 and CB3, CD2 and CD3:
+    host-paced one-GPU bases whose runs drift 7-29% apart on one lease; DA2/DA3 and DA4: host-paced
+    two-GPU bases, 5-23% apart); the notebook also
     reports them on the mean of all four runs of each configuration, outside the registered rule."""
     rows = ROW.findall(_registration(call))
     prices = {label: _row_price(label, rest, call) for label, _, _, rest in rows}
-    pairs = [(label, BASE_CONFIG[base], cand) for label, base, cand, _ in rows]
+    pairs = [(label, BASE_CONFIG.get(base, base), cand) for label, base, cand, _ in rows]
     for runs in replicates:
         judged = judge_pairs.judge_call(prices, lambda name: _read(name, call), 6, 30,
                                         [f"{label}={runs}:{base}:{cand}" for label, base, cand in pairs])
