@@ -13,7 +13,7 @@ import pytest
 
 from conftest import profile_path
 from profclass.diff.compare import diff
-from profclass.diff.fix_gains import DP_OVERLAP_SEEN, _dp_beside_compute
+from profclass.analyzers.communication import DP_OVERLAP_SEEN, DP_REDUCTIONS, beside_compute
 from profclass.inputs import resolve
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
@@ -96,7 +96,7 @@ def test_dp_overlap_seen_parts_the_corpus_by_its_launch_lines():
     the others less."""
     seen = {True: 0, False: 0}
     for name, d in _snapshots():
-        share = _dp_beside_compute(type("D", (), {"collectives": d["collectives"]}))
+        share = beside_compute(d["collectives"], DP_REDUCTIONS)
         if share is None:
             continue
         on = "--overlap-grad-reduce" in _flags(d)

@@ -21,6 +21,13 @@ from .sets import WindowSets, clipped_set
 
 # exposed DP / TP / EP collectives above this share of the step are worth a fix
 DP_EXPOSED_MIN = 0.02
+# the share of the DP gradient reductions' time beside compute that tells them issued under the
+# backward: without --overlap-grad-reduce Megatron's DDP reduces after the whole backward, with
+# nothing computing beside it (0.00 on every such corpus capture); with it every bucket but the last
+# is issued under the backward (0.20-0.88 on the four overlapped captures). The same share of the
+# distributed optimizer's parameter all-gathers tells them under the next forward.
+DP_OVERLAP_SEEN = 0.1
+DP_REDUCTIONS, DP_GROUPS = ("all_reduce", "reduce_scatter"), ("DP", "EDP")
 COMM_WAIT_MIN = 0.05  # waiting for peers above this share of the step, with no straggler
 
 
@@ -64,6 +71,7 @@ NCCL_SM_SHARE = 32 / 132  # NCCL's default 32 channels (one SM each) of an H100/
 # a slow path's bandwidth over NVLink's: PCIe Gen5 x16 through host memory (~50 GB/s achieved,
 # or an InfiniBand NDR port, 50 GB/s) vs H100/H200 NVLink 4 (450 GB/s per direction)
 SLOW_OVER_NVLINK = 50.0 / 450.0
+DP_GATHER_BUCKETS = 8  # dp_overlap_param_gather's share model: the overlap transform's best bucket count
 
 
 def _dp_overlap(n: dict) -> Gain:
@@ -96,6 +104,15 @@ def _fabric(n: dict) -> Gain:
                 f" x {f:.2f} (the share the hosts' waits for the GPU let the step bank)")
 
 
+def _dp_gather(n: dict) -> Gain:
+    """The parameter all-gather bucketed under the next forward: all but the first of B buckets
+    hide (B = DP_GATHER_BUCKETS, the transform's best), none at the low end (a forward too short
+    to hide them), all at the high."""
+    t = n["exposed_dp_gather_ms"]
+    return share_of("dp_param_gather", t, 1 - 1 / DP_GATHER_BUCKETS, 0.0, 1.0,
+                    "exposed parameter all-gather transfer")
+
+
 GAINS = {
     # no measured DeepEP/NCCL ratio yet: the midpoint of [0, exposed all-to-all transfer]
     "exposed_ep_transfer": lambda n: share_of("exposed_ep_transfer", n["exposed_ep_ms"], 0.5, 0.0, 1.0,
@@ -104,6 +121,7 @@ GAINS = {
     "ep_overlap": lambda n: share_of("ep_overlap", min(n["exposed_ep_ms"], n["compute_ms"]), 1.0, 0.5, 1.0,
                                      "exposed all-to-all transfer hideable under compute"),
     "dp_overlap": _dp_overlap,
+    "dp_param_gather": _dp_gather,
     "exposed_tp": lambda n: None if n.get("exposed_tp_ms") is None else share_of(
         "exposed_tp", n["exposed_tp_ms"], 1.0, 0.5, 1.0, "exposed TP collectives"),
     # arrivals evened to the mean save the mean wait; jitter may not be removable (low 0)
@@ -140,6 +158,20 @@ def group_share(job: Job, groups: tuple[str, ...], types: tuple[str, ...]) -> fl
                for c in rows if c["group"] in groups) / total
 
 
+def beside_compute(collectives: list[dict], types: tuple[str, ...]) -> float | None:
+    """The share of these DP/EDP collectives' time (transfer and wait, the matched ``collectives``
+    rows) that compute ran beside; None without any."""
+    rows = [c for c in collectives if c["collective"] in types and c["group"] in DP_GROUPS]
+    total = sum(c["transfer_ms_per_step"] + c["wait_ms_per_step"] for c in rows)
+    return sum(c["overlapped_ms_per_step"] for c in rows) / total if total > 0 else None
+
+
+def _exposed_transfer(job: Job, ctype: str, groups: tuple[str, ...]) -> float:
+    """The exposed transfer (waiting left out) of one collective type in these groups, ms per step."""
+    return sum(c["exposed_transfer_ms_per_step"] for c in job.comm.collectives
+               if c["collective"] == ctype and c["group"] in groups)
+
+
 def numbers(job: Job) -> dict:
     comm_wait_ms = float(np.mean([c.exposed_wait_ns / r.iterations for c, r in zip(job.comm.ranks, job.records)])) / 1e6
     tp_types = DP_COLLECTIVES + ("broadcast", "reduce")
@@ -164,6 +196,10 @@ def numbers(job: Job) -> dict:
                 exposed_dp_transfer_ms=exposed_ms(job, DP_COLLECTIVES, True) * dp_share,
                 exposed_tp_ms=exposed_ms(job, tp_types, False) * group_share(job, ("TP", "ETP"), tp_types),
                 dp_reductions_per_step=dp_calls / float(np.median([r.iterations for r in job.records])),
+                # the distributed optimizer's parameter all-gather: its transfer (the MoE dispatcher's
+                # token-count gathers, in the DP group where EP = DP, are waits with next to no transfer)
+                exposed_dp_gather_ms=_exposed_transfer(job, "all_gather", DP_GROUPS),
+                dp_reductions_beside_compute=beside_compute(job.comm.collectives, DP_REDUCTIONS),
                 slow_fabric=slow, num_layers=layers, fabric_bankable=fabric_bankable(job))
 
 
@@ -190,6 +226,11 @@ def fabric_bankable(job: Job) -> float:
 def facts(job: Job, numbers: dict) -> dict:
     return dict(
         dp_comm_exposed=numbers["exposed_dp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
+        # the parameter all-gather exposed where the reductions are overlapped already (by flag, or
+        # seen beside the backward): dp_overlap_grad_reduce moves both where they are not
+        dp_gather_exposed=bool(numbers["exposed_dp_gather_ms"] >= DP_EXPOSED_MIN * job.step_ms and (
+            "--overlap-grad-reduce" in job.flags
+            or (numbers["dp_reductions_beside_compute"] or 0.0) >= DP_OVERLAP_SEEN)),
         comm_wait_dominant=bool(not job.stragglers and numbers["comm_wait_ms"] > numbers["exposed_ep_ms"]
                                 and numbers["comm_wait_ms"] >= COMM_WAIT_MIN * job.step_ms),
         tp_comm_exposed=numbers["exposed_tp_ms"] >= DP_EXPOSED_MIN * job.step_ms,

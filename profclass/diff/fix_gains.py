@@ -14,6 +14,7 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
     kernels:grouped    grouped GEMM kernels appear (``kernels.GROUPED_GEMM``)
     overlap:dp         the data-parallel gradient reductions, after the backward on the base (under
                        DP_OVERLAP_SEEN of their time beside compute), run beside it on the candidate
+    overlap:dp_gather  the same of the distributed optimizer's parameter all-gathers (the next forward)
     library:NAME       a communication library's kernels appear (deepep, hybridep)
     graphs             CUDA graph launches appear
     inputs:pinned      the batches' host-to-device copies, from pageable memory on the base, are all
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analyzers.communication import DP_OVERLAP_SEEN, DP_REDUCTIONS, beside_compute
 from ..config import run_flags
 from ..fixes import load_table, predict_by_id
 from ..kernels import GROUPED_GEMM
@@ -50,12 +52,6 @@ PP_P2P = "pp_p2p"  # the settings key of an interleaved schedule's P2P mode (``c
 # the settings key of a micro-batch's rows (tokens) off the normalisation kernels' grids, where no
 # --micro-batch-size says the size: their growth is the micro-batch's (``up:micro_batch_rows``)
 ROWS = "micro_batch_rows"
-# the share of the DP gradient reductions' time beside compute that tells them issued under the
-# backward: without --overlap-grad-reduce Megatron's DDP reduces after the whole backward, with
-# nothing computing beside it (0.00 on every such corpus capture); with it every bucket but the last
-# is issued under the backward (0.20-0.88 measured on four overlapped captures)
-DP_OVERLAP_SEEN = 0.1
-_DP_REDUCTIONS, _DP_GROUPS = ("all_reduce", "reduce_scatter"), ("DP", "EDP")
 
 
 def _settings(d) -> dict:
@@ -90,16 +86,11 @@ def _kernel_signs(d) -> dict:
     return dict(fp8=any(k["is_fp8"] for k in d.kernels), libraries={k["library"] for k in d.kernels if k["library"]},
                 grouped=any(GROUPED_GEMM.search(k["name"]) for k in d.kernels),
                 graphs=feature("graph_launches"), inputs=feature("input_bytes"), pageable=feature("input_pageable_bytes"),
-                masks=feature("input_mask_bytes"), dp_beside=_dp_beside_compute(d))
-
-
-def _dp_beside_compute(d) -> float | None:
-    """The share of the DP gradient reductions' time (transfer and wait, matched rows) that
-    compute ran beside; None without any."""
-    rows = [c for c in getattr(d, "collectives", None) or []
-            if c["collective"] in _DP_REDUCTIONS and c["group"] in _DP_GROUPS]
-    total = sum(c["transfer_ms_per_step"] + c["wait_ms_per_step"] for c in rows)
-    return sum(c["overlapped_ms_per_step"] for c in rows) / total if total > 0 else None
+                masks=feature("input_mask_bytes"),
+                # the share of the DP reductions (overlap:dp) and parameter gathers (overlap:dp_gather)
+                # compute ran beside (``communication.beside_compute``)
+                dp=beside_compute(getattr(d, "collectives", None) or [], DP_REDUCTIONS),
+                dp_gather=beside_compute(getattr(d, "collectives", None) or [], ("all_gather",)))
 
 
 def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
@@ -120,8 +111,8 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
         return not kb[arg] and kc[arg], 1.0
     if kind == "library":
         return arg not in kb["libraries"] and arg in kc["libraries"], 1.0
-    if kind == "overlap":  # overlap:dp
-        b, c = kb["dp_beside"], kc["dp_beside"]
+    if kind == "overlap":  # overlap:dp, overlap:dp_gather
+        b, c = kb[arg], kc[arg]
         return b is not None and c is not None and b < DP_OVERLAP_SEEN <= c, 1.0
     if kind == "graphs":
         return not kb["graphs"] and kc["graphs"], 1.0
@@ -216,6 +207,9 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
             on_schedule = (fix.get("transform") or {}).get("kind") == "pp_schedule"
             change = (on_schedule and _schedule_change(b, c)) or _change(hits[0][0], sb, sc)
             applied.append((fix, *hits[0], change))
+    # a fix whose change another applied fix makes in whole (``subsumed_by``) is that fix's
+    ids = {fix["id"] for fix, *_ in applied}
+    applied = [a for a in applied if a[0].get("subsumed_by") not in ids]
     wanted = [(fix["id"], change) for fix, _, _, change in applied]
     # the price the job banks (untraced), and the one two traced captures can show
     replayed, traced = _replayed(rb, wanted), _replayed(rb, wanted, traced=True)

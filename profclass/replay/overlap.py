@@ -33,7 +33,10 @@ done, dispatches the next, which runs beside the forward of the layers just gath
 micro-batch's forward, F = (1 - BACKWARD_SHARE) x the GPU's compute per step / micro-batches, F/B a
 bucket). So the forward waits tau = stretch x T / B for bucket 1 and max(0, tau - F/B) for each
 other, and the compute beside the hidden min(tau, F/B) slows by its waves: the gather keeps its
-place and costs that (``_gathered``).
+place and costs that (``_gathered``). With --overlap-grad-reduce alone the capture gathers n
+buckets a step already (one after another, after the optimizer step): then there are max(B, n)
+buckets, and the step's first gather alone is waited for whole (``reduce = 0``:
+``dp_overlap_param_gather``, the reductions overlapped as captured).
 """
 from __future__ import annotations
 
@@ -69,9 +72,10 @@ def apply(spec: dict, pick, point: str, traces, weights, ctx):
     if not ctx.detachable:  # a graph built without detachable ops: nothing can move
         return None
     param_gather = pick(spec.get("param_gather", 0), point)
+    reduce = pick(spec.get("reduce", 1), point)  # 0: the reductions stay as captured (overlapped already)
     out, moved, gathered = [], [], False
     for gi, (t, w) in enumerate(zip(traces, weights)):
-        sel = ctx.detachable[gi] & np.isin(ctx.op_groups[gi], names)
+        sel = ctx.detachable[gi] & np.isin(ctx.op_groups[gi], names) & bool(reduce)
         w2, det = _overlapped(t, w, sel, buckets, ctx.microbatches, ctx.transfer[gi], stretch)
         if param_gather and gi < len(ctx.op_colls):
             gather = (t.ops.kind == COMM) & np.isin(ctx.op_groups[gi], names) & (ctx.op_colls[gi] == PARAM_GATHER)
@@ -146,13 +150,19 @@ def _gathered(t: GpuTrace, w, sel: np.ndarray, params: tuple, microbatches, tran
     c = np.flatnonzero(sel)
     matched = transfer[c] > 0
     time_ = np.where(matched, transfer[c] * w.transfer_scale[c], w.op_dur[c]).astype(np.float64)
-    per_bucket = stretch * time_ / buckets + NCCL_LAUNCH_MS * 1e6
+    # a capture with --overlap-grad-reduce gathers bucket by bucket already (n a step): each of its
+    # gathers splits into buckets / n more, and only the step's first waits whole
+    n = max(int(round(len(c) / max(t.iterations, 1))), 1)
+    split = max(buckets / n, 1.0)
+    first = np.zeros(len(c), bool)
+    first[np.argsort(t.ops.start[c], kind="stable")[::n]] = True
+    per_bucket = stretch * time_ / split + NCCL_LAUNCH_MS * 1e6
     fwd = (1.0 - BACKWARD_SHARE) * float(w.op_dur[comp].sum()) / max(t.iterations, 1) / max(microbatches or 1, 1)
-    slice_ = fwd / buckets  # the forward of one bucket's layers
+    slice_ = fwd / (split * n)  # the forward of one bucket's layers
     f = _compute_slowdown(t, sel, taken, fallback, least)
     mean_f = float(np.average(f, weights=np.maximum(w.op_dur[comp], 1)))  # over the GPU's compute time
-    after = per_bucket + (buckets - 1) * (np.maximum(per_bucket - slice_, 0.0)
-                                          + np.minimum(per_bucket, slice_) * (mean_f - 1.0))
+    after = per_bucket * first + (split - first) * (np.maximum(per_bucket - slice_, 0.0)
+                                                    + np.minimum(per_bucket, slice_) * (mean_f - 1.0))
     share = np.ones(t.n_ops)
     share[c] = after / np.maximum(time_, 1.0)
     is_m = transfer > 0
