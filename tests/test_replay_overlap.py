@@ -258,3 +258,41 @@ def test_a_reduction_beside_the_backward_runs_longer_than_alone():
     spec = next(f["transform"] for f in fixes["fix"] if f["id"] == "dp_overlap_grad_reduce")
     low, best, high = spec["stretch"]
     assert high == 1.0 and high < ratio < low and abs(best - ratio) < 0.1
+
+
+def _two_gathers_then_forward():
+    """As ``_gather_then_forward``, but the capture gathers bucket by bucket already (the distributed
+    optimizer with --overlap-grad-reduce alone): two 4 ms DP all-gathers (0-8 ms), then the forward,
+    and a DP reduce-scatter after it that --overlap-grad-reduce overlapped already."""
+    ops = [(0, 4 * MS, 0, COMM, -1, 0, 0), (4 * MS, 4 * MS, 0, COMM, -1, 0, 0)]
+    ops += [((8 + 10 * i) * MS, 10 * MS, 0, COMPUTE, -1, 0, 0) for i in range(6)] + [(68 * MS, 5 * MS, 0, COMM, -1, 0, 0)]
+    t = _trace(ops, [])
+    groups = np.array(["DP", "DP"] + [""] * 6 + ["DP"], object)
+    colls = np.array(["all_gather", "all_gather"] + [""] * 6 + ["reduce_scatter"], object)
+    det = transforms.detachable(t, groups, colls)
+    g = engine.build_graph([t], [], [det])
+    ctx = transforms.Context(op_groups=(groups,), ep_segments=(np.full(9, -1),), op_colls=(colls,),
+                             detachable=(det,), transfer=(np.zeros(9, np.int64),), microbatches=1,
+                             graph=g, replay=lambda ws: scenario.run(g, ws))
+    return t, g, [scenario.captured(t)], ctx
+
+
+def test_a_capture_gathering_bucket_by_bucket_keeps_its_buckets():
+    """dp_overlap_param_gather's case (``reduce = 0``): the reductions stay as captured, and the two
+    captured 4 ms gathers are two of the buckets, not each split again: the forward waits for the
+    step's first (4.02 ms) and the second hides under the first bucket's forward (10 ms): the same
+    4.02 ms the one 8 ms gather of ``_gather_then_forward`` costs in two buckets; in four, each
+    splits in two (2.02 ms waited, the rest hidden); a bucket 4x stretched (16.02 ms) is waited for
+    whole first, its second 6.02 ms past its 10 ms slice, as there."""
+    t, g, w, ctx = _two_gathers_then_forward()
+    spec = {**SPEC, "buckets": 2, "slowdown": 1.0, "param_gather": 1, "reduce": 0}
+    ws = transforms.apply(spec, "best", [t], w, ctx)
+    assert list(ws[0].op_dur[:2]) == [4 * MS + 20_000, 0]
+    assert ws[0].op_dur[8] == 5 * MS and not ws[0].detached.any()  # the reduce-scatter as captured
+    ws = transforms.apply({**spec, "buckets": 4}, "best", [t], w, ctx)
+    assert list(ws[0].op_dur[:2]) == [2 * MS + 20_000, 0]
+    ws = transforms.apply({**spec, "stretch": 4.0}, "best", [t], w, ctx)
+    assert list(ws[0].op_dur[:2]) == [16 * MS + 20_000, 6 * MS + 20_000]
+    # with the reductions moved too (dp_overlap_grad_reduce's), the reduce-scatter leaves its stream
+    ws = transforms.apply({**spec, "reduce": 1}, "best", [t], w, ctx)
+    assert ws[0].detached[8]

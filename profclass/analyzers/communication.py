@@ -196,9 +196,12 @@ def numbers(job: Job) -> dict:
                 exposed_dp_transfer_ms=exposed_ms(job, DP_COLLECTIVES, True) * dp_share,
                 exposed_tp_ms=exposed_ms(job, tp_types, False) * group_share(job, ("TP", "ETP"), tp_types),
                 dp_reductions_per_step=dp_calls / float(np.median([r.iterations for r in job.records])),
-                # the distributed optimizer's parameter all-gather: its transfer (the MoE dispatcher's
-                # token-count gathers, in the DP group where EP = DP, are waits with next to no transfer)
-                exposed_dp_gather_ms=_exposed_transfer(job, "all_gather", DP_GROUPS),
+                # the distributed optimizer's parameter all-gather (with its reduce-scatters): its
+                # transfer (the MoE dispatcher's token-count gathers, in the DP group where EP = DP,
+                # are waits with next to no transfer)
+                exposed_dp_gather_ms=_exposed_transfer(job, "all_gather", DP_GROUPS) if any(
+                    c["collective"] == "reduce_scatter" and c["group"] in DP_GROUPS for c in job.comm.collectives)
+                else 0.0,
                 dp_reductions_beside_compute=beside_compute(job.comm.collectives, DP_REDUCTIONS),
                 slow_fabric=slow, num_layers=layers, fabric_bankable=fabric_bankable(job))
 
