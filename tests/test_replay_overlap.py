@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -185,16 +186,17 @@ def test_a_stretched_reduction_runs_longer_beside_the_backward():
 
 def _gather_then_forward():
     """One stream: an 8 ms DP parameter all-gather (0-8 ms), then six 10 ms compute kernels
-    (8-68 ms); one iteration, one micro-batch."""
+    (8-68 ms), then the distributed optimizer's 5 ms DP reduce-scatter (68-73 ms), which the
+    parameter gathers come with; one iteration, one micro-batch."""
     ops = [(0, 8 * MS, 0, COMM, -1, 0, 0)] + [((8 + 10 * i) * MS, 10 * MS, 0, COMPUTE, -1, 0, 0) for i in range(6)]
-    t = _trace(ops, [])
-    groups = np.array(["DP"] + [""] * 6, object)
-    colls = np.array(["all_gather"] + [""] * 6, object)
+    t = _trace(ops + [(68 * MS, 5 * MS, 0, COMM, -1, 0, 0)], [])
+    groups = np.array(["DP"] + [""] * 6 + ["DP"], object)
+    colls = np.array(["all_gather"] + [""] * 6 + ["reduce_scatter"], object)
     det = transforms.detachable(t, groups, colls)
-    assert not det.any()  # the gather keeps its place: only its time changes
+    assert not det[0]  # the gather keeps its place: only its time changes
     g = engine.build_graph([t], [], [det])
-    ctx = transforms.Context(op_groups=(groups,), ep_segments=(np.full(7, -1),), op_colls=(colls,),
-                             detachable=(det,), transfer=(np.zeros(7, np.int64),), microbatches=1,
+    ctx = transforms.Context(op_groups=(groups,), ep_segments=(np.full(8, -1),), op_colls=(colls,),
+                             detachable=(det,), transfer=(np.zeros(8, np.int64),), microbatches=1,
                              graph=g, replay=lambda ws: scenario.run(g, ws))
     return t, g, [scenario.captured(t)], ctx
 
@@ -204,12 +206,14 @@ def test_the_parameter_gather_costs_what_the_forward_waits_for_it():
     the first bucket's forward (a third of the 60 ms of compute, 10 ms a bucket: longer than 4.02),
     so with no slowdown the gather costs 4.02 ms; compute beside it 1.5x slower costs half the
     hidden 4.02 ms more; stretch 2 doubles the bucket (8.02 ms: still hidden); without
-    ``param_gather`` the gather stays as captured (and nothing else moves: no price)."""
+    ``param_gather`` the gather stays as captured (and nothing else moves: no price). The
+    reduce-scatter stays as captured (``reduce = 0``); without it the all-gather is no parameter
+    gather (a DP group's all-gathers without reduce-scatters are the MoE dispatcher's token counts)."""
     t, g, w, ctx = _gather_then_forward()
-    spec = {**SPEC, "buckets": 2, "slowdown": 1.0, "param_gather": 1}
+    spec = {**SPEC, "buckets": 2, "slowdown": 1.0, "param_gather": 1, "reduce": 0}
     ws = transforms.apply(spec, "best", [t], w, ctx)
     assert ws[0].op_dur[0] == 4 * MS + 20_000
-    assert scenario.run(g, ws).ends[0] == 64 * MS + 20_000
+    assert scenario.run(g, ws).ends[0] == 69 * MS + 20_000
     ws = transforms.apply({**spec, "slowdown": 1.5}, "best", [t], w, ctx)
     assert ws[0].op_dur[0] == 6 * MS + 30_000
     ws = transforms.apply({**spec, "stretch": 2.0}, "best", [t], w, ctx)
@@ -218,6 +222,8 @@ def test_the_parameter_gather_costs_what_the_forward_waits_for_it():
     ws = transforms.apply({**spec, "stretch": 4.0}, "best", [t], w, ctx)
     assert ws[0].op_dur[0] == 16 * MS + 20_000 + 6 * MS + 20_000
     assert transforms.apply({**spec, "param_gather": 0}, "best", [t], w, ctx) is None
+    alone = replace(ctx, op_colls=(np.where(ctx.op_colls[0] == "reduce_scatter", "all_reduce", ctx.op_colls[0]),))
+    assert transforms.apply(spec, "best", [t], w, alone) is None
 
 
 def _reduction_transfer_ms(name: str) -> tuple[int, float]:
