@@ -103,3 +103,18 @@ def test_dp_overlap_seen_parts_the_corpus_by_its_launch_lines():
         assert (share >= DP_OVERLAP_SEEN) == on, (name, share)
         seen[on] += 1
     assert seen[True] >= 4 and seen[False] >= 30
+
+
+def test_a_flagless_job_whose_reductions_overlap_is_not_offered_the_overlap_again(flagless):
+    """dpoverlap_4gpu without its launch line: its reductions run beside the backward (0.42 of
+    their time), so dp_overlap_grad_reduce is on already (fact dp_reductions_overlapped), as its
+    flag said; before, the flagless capture was offered it at -3.8 ms (the overlap moved again).
+    Its no-overlap twin, flagless too, still gets it."""
+    import profclass
+
+    on = profclass.diagnose(flagless("dpoverlap_4gpu"))
+    assert on.numbers["dp_reductions_beside_compute"] >= DP_OVERLAP_SEEN
+    assert "dp_overlap_grad_reduce" not in {f["id"] for f in on.fixes}
+    off = profclass.diagnose(flagless("dpnooverlap_4gpu"))
+    assert off.numbers["dp_reductions_beside_compute"] < DP_OVERLAP_SEEN
+    assert "dp_overlap_grad_reduce" in {f["id"] for f in off.fixes}

@@ -229,6 +229,8 @@ def fabric_bankable(job: Job) -> float:
 def facts(job: Job, numbers: dict) -> dict:
     return dict(
         dp_comm_exposed=numbers["exposed_dp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
+        # the reductions issued under the backward already, seen on the timeline where no flag says so
+        dp_reductions_overlapped=(numbers["dp_reductions_beside_compute"] or 0.0) >= DP_OVERLAP_SEEN,
         # the parameter all-gather exposed where the reductions are overlapped already (by flag, or
         # seen beside the backward): dp_overlap_grad_reduce moves both where they are not
         dp_gather_exposed=bool(numbers["exposed_dp_gather_ms"] >= DP_EXPOSED_MIN * job.step_ms and (
