@@ -184,21 +184,28 @@ def test_a_stretched_reduction_runs_longer_beside_the_backward():
     assert out.ends[0] == 100 * MS + 20_000
 
 
-def _gather_then_forward():
-    """One stream: an 8 ms DP parameter all-gather (0-8 ms), then six 10 ms compute kernels
-    (8-68 ms), then the distributed optimizer's 5 ms DP reduce-scatter (68-73 ms), which the
-    parameter gathers come with; one iteration, one micro-batch."""
-    ops = [(0, 8 * MS, 0, COMM, -1, 0, 0)] + [((8 + 10 * i) * MS, 10 * MS, 0, COMPUTE, -1, 0, 0) for i in range(6)]
-    t = _trace(ops + [(68 * MS, 5 * MS, 0, COMM, -1, 0, 0)], [])
-    groups = np.array(["DP"] + [""] * 6 + ["DP"], object)
-    colls = np.array(["all_gather"] + [""] * 6 + ["reduce_scatter"], object)
+def _gathers_then_forward(gathers_ms: list[int]):
+    """One stream: DP parameter all-gathers of these ms back to back from 0 (8 in all), then six
+    10 ms compute kernels (8-68 ms), then the distributed optimizer's 5 ms DP reduce-scatter
+    (68-73 ms), which the parameter gathers come with; one iteration, one micro-batch."""
+    starts = np.cumsum([0] + gathers_ms[:-1])
+    ops = [(int(s) * MS, d * MS, 0, COMM, -1, 0, 0) for s, d in zip(starts, gathers_ms)]
+    ops += [((8 + 10 * i) * MS, 10 * MS, 0, COMPUTE, -1, 0, 0) for i in range(6)] + [(68 * MS, 5 * MS, 0, COMM, -1, 0, 0)]
+    t, n, k = _trace(ops, []), len(ops), len(gathers_ms)
+    groups = np.array(["DP"] * k + [""] * 6 + ["DP"], object)
+    colls = np.array(["all_gather"] * k + [""] * 6 + ["reduce_scatter"], object)
     det = transforms.detachable(t, groups, colls)
-    assert not det[0]  # the gather keeps its place: only its time changes
+    assert not det[:k].any()  # the gathers keep their place: only their time changes
     g = engine.build_graph([t], [], [det])
-    ctx = transforms.Context(op_groups=(groups,), ep_segments=(np.full(8, -1),), op_colls=(colls,),
-                             detachable=(det,), transfer=(np.zeros(8, np.int64),), microbatches=1,
+    ctx = transforms.Context(op_groups=(groups,), ep_segments=(np.full(n, -1),), op_colls=(colls,),
+                             detachable=(det,), transfer=(np.zeros(n, np.int64),), microbatches=1,
                              graph=g, replay=lambda ws: scenario.run(g, ws))
     return t, g, [scenario.captured(t)], ctx
+
+
+def _gather_then_forward():
+    """One 8 ms gather (a capture without --overlap-grad-reduce: one bucket)."""
+    return _gathers_then_forward([8])
 
 
 def test_the_parameter_gather_costs_what_the_forward_waits_for_it():
@@ -268,19 +275,9 @@ def test_a_reduction_beside_the_backward_runs_longer_than_alone():
 
 def _two_gathers_then_forward():
     """As ``_gather_then_forward``, but the capture gathers bucket by bucket already (the distributed
-    optimizer with --overlap-grad-reduce alone): two 4 ms DP all-gathers (0-8 ms), then the forward,
-    and a DP reduce-scatter after it that --overlap-grad-reduce overlapped already."""
-    ops = [(0, 4 * MS, 0, COMM, -1, 0, 0), (4 * MS, 4 * MS, 0, COMM, -1, 0, 0)]
-    ops += [((8 + 10 * i) * MS, 10 * MS, 0, COMPUTE, -1, 0, 0) for i in range(6)] + [(68 * MS, 5 * MS, 0, COMM, -1, 0, 0)]
-    t = _trace(ops, [])
-    groups = np.array(["DP", "DP"] + [""] * 6 + ["DP"], object)
-    colls = np.array(["all_gather", "all_gather"] + [""] * 6 + ["reduce_scatter"], object)
-    det = transforms.detachable(t, groups, colls)
-    g = engine.build_graph([t], [], [det])
-    ctx = transforms.Context(op_groups=(groups,), ep_segments=(np.full(9, -1),), op_colls=(colls,),
-                             detachable=(det,), transfer=(np.zeros(9, np.int64),), microbatches=1,
-                             graph=g, replay=lambda ws: scenario.run(g, ws))
-    return t, g, [scenario.captured(t)], ctx
+    optimizer with --overlap-grad-reduce alone): two 4 ms gathers, and the reduce-scatter after the
+    forward is one that --overlap-grad-reduce overlapped already."""
+    return _gathers_then_forward([4, 4])
 
 
 def test_a_capture_gathering_bucket_by_bucket_keeps_its_buckets():
