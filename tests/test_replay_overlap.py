@@ -190,7 +190,8 @@ def _gathers_then_forward(gathers_ms: list[int]):
     (68-73 ms), which the parameter gathers come with; one iteration, one micro-batch."""
     starts = np.cumsum([0] + gathers_ms[:-1])
     ops = [(int(s) * MS, d * MS, 0, COMM, -1, 0, 0) for s, d in zip(starts, gathers_ms)]
-    ops += [((8 + 10 * i) * MS, 10 * MS, 0, COMPUTE, -1, 0, 0) for i in range(6)] + [(68 * MS, 5 * MS, 0, COMM, -1, 0, 0)]
+    ops += [((8 + 10 * i) * MS, 10 * MS, 0, COMPUTE, -1, 0, 0) for i in range(6)]
+    ops += [(68 * MS, 5 * MS, 0, COMM, -1, 0, 0)]
     t, n, k = _trace(ops, []), len(ops), len(gathers_ms)
     groups = np.array(["DP"] * k + [""] * 6 + ["DP"], object)
     colls = np.array(["all_gather"] * k + [""] * 6 + ["reduce_scatter"], object)

@@ -165,7 +165,8 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("BX", 3, ("bx2",)), ("CA", 6, ("ca2", "ca3")),
                                                   ("CB", 4, ("cb2", "cb3")), ("CC", 2, ("cc2",)),
                                                   ("CD", 5, ("cd2", "cd3")), ("CE", 4, ("ce2",)),
-                                                  ("CF", 3, ("cf2", "cf3")), ("DA", 4, ("da2", "da3", "da4")),
+                                                  ("CF", 3, ("cf2", "cf3")),
+                                                  ("DA", 4, ("da2", "da3", "da4")),
                                                   ("DB", 1, ("db2",))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,

@@ -24,11 +24,12 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
 
 Where a flag is absent its value may come from the layout (``_LAYOUT_FLAGS``: the micro-batch
 count and VPP read off the timeline); where ``--micro-batch-size`` is, the rows a normalisation
-kernel covers stand in for it (``ROWS``: a micro-batch's tokens, ``compute.norm_rows``). The predicted gain is the replay's price of the change the
-pair made on the base (``replay.run.price_requests`` on the base's replayer, which ``diff``
-shares with the step's split: a schedule change by the sizes both sides ran,
-``_schedule_change``), as ``diagnose`` prices the fixes it lists; the fix's share model where
-the replay cannot price it (no transform, or a stored base without its replay inputs).
+kernel covers stand in for it (``ROWS``: a micro-batch's tokens, ``compute.norm_rows``). The
+predicted gain is the replay's price of the change the pair made on the base
+(``replay.run.price_requests`` on the base's replayer, which ``diff`` shares with the step's
+split: a schedule change by the sizes both sides ran, ``_schedule_change``), as ``diagnose``
+prices the fixes it lists; the fix's share model where the replay cannot price it (no transform,
+or a stored base without its replay inputs).
 """
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def _kernel_signs(d) -> dict:
     feature = lambda key: any((dv["features"].get(key) or 0) > 0 for dv in d.devices)  # noqa: E731
     return dict(fp8=any(k["is_fp8"] for k in d.kernels), libraries={k["library"] for k in d.kernels if k["library"]},
                 grouped=any(GROUPED_GEMM.search(k["name"]) for k in d.kernels),
-                graphs=feature("graph_launches"), inputs=feature("input_bytes"), pageable=feature("input_pageable_bytes"),
+                graphs=feature("graph_launches"), inputs=feature("input_bytes"),
+                pageable=feature("input_pageable_bytes"),
                 masks=feature("input_mask_bytes"),
                 # the share of the DP reductions (overlap:dp) and parameter gathers (overlap:dp_gather)
                 # compute ran beside (``communication.beside_compute``)
