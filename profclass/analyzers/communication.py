@@ -227,15 +227,15 @@ def fabric_bankable(job: Job) -> float:
 
 
 def facts(job: Job, numbers: dict) -> dict:
+    # the reductions issued under the backward already, seen on the timeline where no flag says so
+    overlapped = (numbers["dp_reductions_beside_compute"] or 0.0) >= DP_OVERLAP_SEEN
     return dict(
         dp_comm_exposed=numbers["exposed_dp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
-        # the reductions issued under the backward already, seen on the timeline where no flag says so
-        dp_reductions_overlapped=(numbers["dp_reductions_beside_compute"] or 0.0) >= DP_OVERLAP_SEEN,
+        dp_reductions_overlapped=overlapped,
         # the parameter all-gather exposed where the reductions are overlapped already (by flag, or
         # seen beside the backward): dp_overlap_grad_reduce moves both where they are not
-        dp_gather_exposed=bool(numbers["exposed_dp_gather_ms"] >= DP_EXPOSED_MIN * job.step_ms and (
-            "--overlap-grad-reduce" in job.flags
-            or (numbers["dp_reductions_beside_compute"] or 0.0) >= DP_OVERLAP_SEEN)),
+        dp_gather_exposed=bool(numbers["exposed_dp_gather_ms"] >= DP_EXPOSED_MIN * job.step_ms
+                               and ("--overlap-grad-reduce" in job.flags or overlapped)),
         comm_wait_dominant=bool(not job.stragglers and numbers["comm_wait_ms"] > numbers["exposed_ep_ms"]
                                 and numbers["comm_wait_ms"] >= COMM_WAIT_MIN * job.step_ms),
         tp_comm_exposed=numbers["exposed_tp_ms"] >= DP_EXPOSED_MIN * job.step_ms,
