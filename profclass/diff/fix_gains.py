@@ -15,6 +15,12 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
     overlap:dp         the data-parallel gradient reductions, after the backward on the base (under
                        DP_OVERLAP_SEEN of their time beside compute), run beside it on the candidate
     overlap:dp_gather  the same of the distributed optimizer's parameter all-gathers (the next forward)
+    balance:ep         the routing load is uneven on the base (``stragglers.routing_uneven``: a rank late
+                       for its token load, or an EP work spread of at least ROUTING_IMBALANCE_MIN of the
+                       step) and balanced on the candidate, which still runs EP collectives
+                       (``routing_balanced``: the spread's share of the step fell by ROUTING_BALANCED_FALL
+                       or more, to under the minimum): balanced by whatever means (force balance, a
+                       capacity factor, an expert bias, the aux loss)
     library:NAME       a communication library's kernels appear (deepep, hybridep)
     graphs             CUDA graph launches appear
     inputs:pinned      the batches' host-to-device copies, from pageable memory on the base, are all
@@ -36,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analyzers.communication import DP_OVERLAP_SEEN, DP_REDUCTIONS, beside_compute
+from ..analyzers.stragglers import EP_IMBALANCE, routing_balanced, routing_uneven
 from ..config import run_flags
 from ..fixes import load_table, predict_by_id
 from ..kernels import GROUPED_GEMM
@@ -82,7 +89,24 @@ def _number(v) -> float | None:
         return None
 
 
-def _kernel_signs(d) -> dict:
+def _routing(d) -> tuple[bool, float, str | None] | None:
+    """One side's routing load off its report: (uneven, ``stragglers.routing_uneven``; the EP
+    work spread's evidence row as a share of the mean step; the first straggler's reason); None
+    where it runs no EP collective (nothing to balance: EP turned off is no balancing)."""
+    if not any(c.get("group") == "EP" for c in getattr(d, "collectives", None) or []):
+        return None
+    reason = d.stragglers[0].get("reason") if d.stragglers else None
+    spread = next((e["value"] for e in d.evidence if e.get("metric") == EP_IMBALANCE), 0.0) or 0.0
+    step = d.window["step_ms"]["mean"]
+    return routing_uneven(reason, spread, step), spread / step, reason
+
+
+def balanced_routing(rb, rc) -> bool:
+    """``balance:ep`` on two sides' ``_routing``: the base's uneven, the candidate's balanced against it."""
+    return rb is not None and rc is not None and rb[0] and routing_balanced(rb[1], rc[1], rc[2])
+
+
+def _timeline_signs(d) -> dict:
     feature = lambda key: any((dv["features"].get(key) or 0) > 0 for dv in d.devices)  # noqa: E731
     return dict(fp8=any(k["is_fp8"] for k in d.kernels), libraries={k["library"] for k in d.kernels if k["library"]},
                 grouped=any(GROUPED_GEMM.search(k["name"]) for k in d.kernels),
@@ -92,7 +116,8 @@ def _kernel_signs(d) -> dict:
                 # the share of the DP reductions (overlap:dp) and parameter gathers (overlap:dp_gather)
                 # compute ran beside (``communication.beside_compute``)
                 dp=beside_compute(getattr(d, "collectives", None) or [], DP_REDUCTIONS),
-                dp_gather=beside_compute(getattr(d, "collectives", None) or [], ("all_gather",)))
+                dp_gather=beside_compute(getattr(d, "collectives", None) or [], ("all_gather",)),
+                routing=_routing(d))  # balance:ep compares the two (``balanced_routing``)
 
 
 def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
@@ -116,6 +141,8 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
     if kind == "overlap":  # overlap:dp, overlap:dp_gather
         b, c = kb[arg], kc[arg]
         return b is not None and c is not None and b < DP_OVERLAP_SEEN <= c, 1.0
+    if kind == "balance":  # balance:ep
+        return balanced_routing(kb["routing"], kc["routing"]), 1.0
     if kind == "graphs":
         return not kb["graphs"] and kc["graphs"], 1.0
     if kind == "inputs":
@@ -200,7 +227,7 @@ def _predicted(fix_id: str, b, change: dict, replayed: dict) -> dict:
 def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
     """One row per known fix the candidate applies: predicted (on the base, by its replayer
     ``rb`` where there is one) next to realized."""
-    sb, sc, kb, kc = _settings(b), _settings(c), _kernel_signs(b), _kernel_signs(c)
+    sb, sc, kb, kc = _settings(b), _settings(c), _timeline_signs(b), _timeline_signs(c)
     applied = []
     for fix in load_table():
         hits = [(cond, ratio) for cond in fix.get("applied_when", []) for ok, ratio in [_applied(cond, sb, sc, kb, kc)]
