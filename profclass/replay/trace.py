@@ -21,7 +21,7 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..analyzers.compute import fusion_codes
-from ..analyzers.idle import OFFLOAD_MIN_BYTES, attention_masks, copy_roles
+from ..analyzers.idle import attention_masks, copy_roles
 from ..analyzers.recompute import recomputed_spans
 from ..kernel_table import name_codes
 from ..timeline import GpuTimeline
@@ -159,12 +159,9 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
     calls = window_calls(gpu, lo, hi)
     launch = _launch_index(ops["correlation"].to_numpy(np.int64), ops["launch_start"].to_numpy(np.int64), calls)
     recomputed = _recomputed(ops, kind, lo, hi, recomputes)
-    inputs, masks = _inputs(ops, kind)
+    inputs, masks, offload = _copy_roles(ops, kind)
     nbytes = ops["bytes"].to_numpy(np.int64)
     mask_share = float(nbytes[masks].sum() / nbytes[inputs > 0].sum()) if masks.any() else 0.0
-    # a large pinned input copy is the batch, not offload (``copy_roles``: offload goes both ways)
-    offload = ((kind == COPY) & ops["kind"].astype(str).isin(["HtoD", "DtoH"]).to_numpy()
-               & (nbytes >= OFFLOAD_MIN_BYTES) & ops["pinned"].to_numpy(bool) & (inputs == 0))
     e_src, e_dst, source = _event_edges(ops, stream, sync_events, gpu.pid)
     from_start = np.zeros(len(e_src), bool)
     c_end = calls["end"].to_numpy(np.int64)
@@ -198,19 +195,21 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
         sm_count=int(sm_count), mask_bytes_share=mask_share)
 
 
-def _inputs(ops: pd.DataFrame, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per op: PINNED / PAGEABLE for a host-to-device input copy (the batch: ``idle.copy_roles``,
-    the idle analyzer's split), 0 for every other op; and whether it is the batch's attention
-    mask (``idle.attention_masks``)."""
-    out, mask = np.zeros(len(kind), np.int8), np.zeros(len(kind), bool)
+def _copy_roles(ops: pd.DataFrame, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per op, the copies' roles as the idle and memory analyzers read them (``idle.copy_roles``,
+    one rule for all three): PINNED / PAGEABLE for a host-to-device input copy (the batch), 0 for
+    every other op; whether it is the batch's attention mask (``idle.attention_masks``); whether
+    it is an offload copy (large copies both ways, of similar volume)."""
+    out, mask, offload = np.zeros(len(kind), np.int8), np.zeros(len(kind), bool), np.zeros(len(kind), bool)
     pos = np.flatnonzero(kind == COPY)
     if not len(pos):
-        return out, mask
-    _, inp = copy_roles(ops.iloc[pos].reset_index(drop=True))
+        return out, mask, offload
+    off, inp = copy_roles(ops.iloc[pos].reset_index(drop=True))
+    offload[pos[off.index.to_numpy()]] = True
     at = pos[inp.index.to_numpy()]
     out[at] = np.where(inp["pinned"].to_numpy(bool), PINNED, PAGEABLE)
     mask[at] = attention_masks(inp["bytes"].to_numpy(np.int64))
-    return out, mask
+    return out, mask, offload
 
 
 def _sides(ops: pd.DataFrame, kind: np.ndarray) -> np.ndarray:
