@@ -28,6 +28,16 @@ DP_EXPOSED_MIN = 0.02
 # distributed optimizer's parameter all-gathers tells them under the next forward.
 DP_OVERLAP_SEEN = 0.1
 DP_REDUCTIONS, DP_GROUPS = ("all_reduce", "reduce_scatter"), ("DP", "EDP")
+
+
+def param_gathers_in(collectives, groups, in_groups=DP_GROUPS) -> bool:
+    """Whether a GPU's all-gathers in ``in_groups`` are the distributed optimizer's parameter
+    gathers: they come with its gradient reduce-scatters in those groups. Without them a DP
+    group's all-gathers are others' (the MoE dispatcher's token counts, where EP = DP). Array-like
+    ``collectives`` and ``groups``, one entry per collective (a report row or an op)."""
+    return bool(((np.asarray(collectives) == "reduce_scatter") & np.isin(groups, in_groups)).any())
+
+
 COMM_WAIT_MIN = 0.05  # waiting for peers above this share of the step, with no straggler
 
 
@@ -199,8 +209,8 @@ def numbers(job: Job) -> dict:
                 # the distributed optimizer's parameter all-gather (with its reduce-scatters): its
                 # transfer (the MoE dispatcher's token-count gathers, in the DP group where EP = DP,
                 # are waits with next to no transfer)
-                exposed_dp_gather_ms=_exposed_transfer(job, "all_gather", DP_GROUPS) if any(
-                    c["collective"] == "reduce_scatter" and c["group"] in DP_GROUPS for c in job.comm.collectives)
+                exposed_dp_gather_ms=_exposed_transfer(job, "all_gather", DP_GROUPS) if param_gathers_in(
+                    [c["collective"] for c in job.comm.collectives], [c["group"] for c in job.comm.collectives])
                 else 0.0,
                 dp_reductions_beside_compute=beside_compute(job.comm.collectives, DP_REDUCTIONS),
                 slow_fabric=slow, num_layers=layers, fabric_bankable=fabric_bankable(job))

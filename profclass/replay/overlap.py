@@ -45,7 +45,7 @@ from dataclasses import replace
 import numpy as np
 
 from .. import intervals as iv
-from ..analyzers.communication import BACKWARD_SHARE, NCCL_LAUNCH_MS
+from ..analyzers.communication import BACKWARD_SHARE, NCCL_LAUNCH_MS, param_gathers_in
 from .scenario import stream_neighbours
 from .trace import COMM, COMPUTE, GpuTrace
 
@@ -79,9 +79,7 @@ def apply(spec: dict, pick, point: str, traces, weights, ctx):
         w2, det = _overlapped(t, w, sel, buckets, ctx.microbatches, ctx.transfer[gi], stretch)
         if param_gather and gi < len(ctx.op_colls):
             gather = (t.ops.kind == COMM) & np.isin(ctx.op_groups[gi], names) & (ctx.op_colls[gi] == PARAM_GATHER)
-            # the distributed optimizer's gathers come with its reduce-scatters; without them a DP
-            # group's all-gathers are others' (the MoE dispatcher's token counts where EP = DP)
-            gather &= bool(((ctx.op_colls[gi] == "reduce_scatter") & np.isin(ctx.op_groups[gi], names)).any())
+            gather &= param_gathers_in(ctx.op_colls[gi], ctx.op_groups[gi], names)
             if gather.any():
                 w2 = _gathered(t, w2, gather, (buckets, stretch, taken, least, slowdown), ctx.microbatches,
                                ctx.transfer[gi])
