@@ -13,6 +13,7 @@ import pytest
 
 from conftest import profile_path
 from profclass.diff.compare import diff
+from profclass.diff.fix_gains import TIMELINE_CAVEATS
 from profclass.analyzers.communication import DP_OVERLAP_SEEN, DP_REDUCTIONS, beside_compute
 from profclass.inputs import resolve
 
@@ -57,7 +58,11 @@ def test_a_flagless_pair_is_recognised_as_its_flagged_twin(base, cand, fix, cond
     bare = diff(flagless(base), flagless(cand))
     (row,) = bare.fix_gains  # the one fix, nothing else read into the timeline
     assert (row["fix"], row["detected_by"]) == (fix, cond)
+    # what the rows cannot tell from a bigger micro-batch is said; the flags leave nothing to say
+    said = [n for n in bare.notes if n.startswith(f"{fix}: ")]
+    assert said == ([f"{fix}: {TIMELINE_CAVEATS[cond]}"] if cond in TIMELINE_CAVEATS else [])
     flagged = diff(str(profile_path(base)), str(profile_path(cand)))
+    assert not [n for n in flagged.notes if n.startswith(f"{fix}: ")]
     (twin,) = [r for r in flagged.fix_gains if r["fix"] == fix]
     assert twin["detected_by"].startswith(("on:", "up:--"))  # the flagged pair says it by flag
     assert row["predicted_gain_ms"] == pytest.approx(twin["predicted_gain_ms"], abs=0.011)
@@ -131,8 +136,10 @@ ROUTING_PAIRS = [("mcore_ep4_unbalanced", "mcore_ep4_base"), ("mcore_alltoall_4g
 def test_a_flagless_routing_pair_is_recognised_by_its_imbalance(base, cand, flagless):
     """Force balance turned on in a config file: the EP work spread that fell says it (balance:ep),
     at the flagged twin's price and realized gain."""
-    (row,) = diff(flagless(base), flagless(cand)).fix_gains
+    bare = diff(flagless(base), flagless(cand))
+    (row,) = bare.fix_gains
     assert (row["fix"], row["detected_by"]) == ("ep_balance_routing", "balance:ep")
+    assert f"ep_balance_routing: {TIMELINE_CAVEATS['balance:ep']}" in bare.notes  # what the spread cannot tell
     (twin,) = diff(str(profile_path(base)), str(profile_path(cand))).fix_gains
     assert twin["fix"] == "ep_balance_routing" and twin["detected_by"].startswith("on:")
     assert row["predicted_gain_ms"] == pytest.approx(twin["predicted_gain_ms"], abs=0.011)

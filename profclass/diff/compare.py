@@ -16,7 +16,7 @@ from ..pipeline import Diagnosis, _jsonable
 from ..replay.run import replayer_of
 from .causes import attribute
 from ..fixes import load_table
-from .fix_gains import fix_gains, without_pauses
+from .fix_gains import caveats, fix_gains, without_pauses
 from .saved import as_diagnosis
 from .split import split_step
 from .stats import ALPHA, MIN_EFFECT, step_test
@@ -339,6 +339,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     table = {f["id"]: f for f in load_table()}
     step["split"] = split_step(b, c, mc - mb, applied, table, rb)
     applied = without_pauses(applied, step["split"], table)
+    notes += caveats(applied)
     verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, components, kernels), applied,
                              significant, change)
     return DiffResult(

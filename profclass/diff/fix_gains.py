@@ -276,6 +276,26 @@ def without_pauses(rows: list[dict], split: dict | None, table: dict) -> list[di
     return out
 
 
+# what a change read off the timeline, with no flag to say it, cannot tell apart from it
+# (``diff``'s notes, one a condition that matched)
+TIMELINE_CAVEATS = {
+    f"up:{ROWS}": "a bigger micro-batch read off the normalisation kernels' rows (no --micro-batch-size on a launch "
+          "line): a longer sequence grows them the same way",
+    "balance:ep": "balanced routing read off the EP work spread (no routing flag on a launch line): learned "
+                  "routing that evened out by itself between the two captures reads the same",
+}
+
+
+def caveats(rows: list[dict]) -> list[str]:
+    """The notes of the rows detected off the timeline where the change they read is ambiguous."""
+    out = []
+    for r in rows:
+        text = TIMELINE_CAVEATS.get(r["detected_by"])
+        if text and f"{r['fix']}: {text}" not in out:
+            out.append(f"{r['fix']}: {text}")
+    return out
+
+
 def fix_gain_lines(rows: list[dict]) -> list[str]:
     """The rows in words, for the text and Markdown renderers."""
     out = []
