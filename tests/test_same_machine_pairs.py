@@ -1,7 +1,8 @@
 """The thirtieth session's calls AP-AS, the thirty-second's AU, AW and AX, the thirty-third's
 BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL, the thirty-sixth's BN and BP
 the thirty-seventh's BR, BT and BU, the thirty-eighth's BV, BW and BX, the thirty-ninth's CA, CB and CC
-the fortieth's CD, CE and CF, the forty-first's DA, DB and DC and the forty-second's DD, DE and DF (docs/notes.md), judged again from their packed timer logs
+the fortieth's CD, CE and CF, the forty-first's DA, DB and DC and the forty-second's DD, DE and DF
+(docs/notes.md), judged again from their packed timer logs
 (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/, s35/, s36/, s37/, s38/, s39/, s40/, s41/ and s42/) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
@@ -39,7 +40,8 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "BX": "fixtures/timers/s38/", "CA": "fixtures/timers/s39/", "CB": "fixtures/timers/s39/",
         "CC": "fixtures/timers/s39/", "CD": "fixtures/timers/s40/", "CE": "fixtures/timers/s40/",
         "CF": "fixtures/timers/s40/", "DA": "fixtures/timers/s41/",
-        "DB": "fixtures/timers/s41/", "DC": "fixtures/timers/s41/", "DD": "fixtures/timers/s42/", "DE": "fixtures/timers/s42/",
+        "DB": "fixtures/timers/s41/", "DC": "fixtures/timers/s41/", "DD": "fixtures/timers/s42/",
+        "DE": "fixtures/timers/s42/",
         "DF": "fixtures/timers/s42/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-F]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the

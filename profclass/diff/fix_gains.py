@@ -279,8 +279,8 @@ def without_pauses(rows: list[dict], split: dict | None, table: dict) -> list[di
 # what a change read off the timeline, with no flag to say it, cannot tell apart from it
 # (``diff``'s notes, one a condition that matched)
 TIMELINE_CAVEATS = {
-    f"up:{ROWS}": "a bigger micro-batch read off the normalisation kernels' rows (no --micro-batch-size on a launch "
-          "line): a longer sequence grows them the same way",
+    f"up:{ROWS}": "a bigger micro-batch read off the normalisation kernels' rows (no --micro-batch-size on a "
+                  "launch line): a longer sequence grows them the same way",
     "balance:ep": "balanced routing read off the EP work spread (no routing flag on a launch line): learned "
                   "routing that evened out by itself between the two captures reads the same",
 }
