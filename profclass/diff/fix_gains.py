@@ -108,6 +108,7 @@ def balanced_routing(rb, rc) -> bool:
 
 def _timeline_signs(d) -> dict:
     feature = lambda key: any((dv["features"].get(key) or 0) > 0 for dv in d.devices)  # noqa: E731
+    collectives = getattr(d, "collectives", None) or []
     return dict(fp8=any(k["is_fp8"] for k in d.kernels), libraries={k["library"] for k in d.kernels if k["library"]},
                 grouped=any(GROUPED_GEMM.search(k["name"]) for k in d.kernels),
                 graphs=feature("graph_launches"), inputs=feature("input_bytes"),
@@ -115,8 +116,7 @@ def _timeline_signs(d) -> dict:
                 masks=feature("input_mask_bytes"),
                 # the share of the DP reductions (overlap:dp) and parameter gathers (overlap:dp_gather)
                 # compute ran beside (``communication.beside_compute``)
-                dp=beside_compute(getattr(d, "collectives", None) or [], DP_REDUCTIONS),
-                dp_gather=beside_compute(getattr(d, "collectives", None) or [], ("all_gather",)),
+                dp=beside_compute(collectives, DP_REDUCTIONS), dp_gather=beside_compute(collectives, ("all_gather",)),
                 routing=_routing(d))  # balance:ep compares the two (``balanced_routing``)
 
 
