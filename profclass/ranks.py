@@ -25,6 +25,7 @@ from . import intervals as iv
 from .analyzers import GpuAnalysis, analyse_gpu
 from .analyzers import idle
 from .analyzers.idle import ALLOC_CALLS, SYNC_CALLS
+from .analyzers.host import KERNEL_LOAD_CALLS, KERNEL_SETUP_CALLS
 from .analyzers.compute import sm_count_of
 from .analyzers.memory import MIN_RECOMPUTE_RATIO
 from .analyzers import iterations as it
@@ -38,8 +39,10 @@ from .replay.trace import build as replay_trace
 from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, in_forward, iter_gpus
 
 # the CUDA API calls any later stage reads (launches for the launch join, allocator and sync
-# calls for the idle split, graph launches): the loader keeps only these (filtered in SQLite)
-API_CALLS_USED = re.compile("|".join(f"(?:{p.pattern})" for p in (LAUNCH_CALLS, ALLOC_CALLS, SYNC_CALLS)))
+# calls for the idle split, graph launches, a library's kernel loads for the host analyzer and
+# the replay): the loader keeps only these (filtered in SQLite)
+API_CALLS_USED = re.compile("|".join(f"(?:{p.pattern})" for p in (LAUNCH_CALLS, ALLOC_CALLS, SYNC_CALLS,
+                                                                KERNEL_LOAD_CALLS, KERNEL_SETUP_CALLS)))
 # the columns of all ops that the job-level configuration reads (distinct rows suffice)
 CONFIG_COLUMNS = ["is_comm", "library", "collective", "is_fp8"]
 # the columns of the CUDA event rows that replay.trace._event_edges reads (not their times

@@ -8,7 +8,7 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..timeline import GpuTimeline
-from .gainmodel import Gain, gain, removed
+from .gainmodel import Gain, gain, removed, share_of
 from .job import Job, evidence_row, mean_per_step_ms
 from .protocol import Analyzer
 from .results import HostResult
@@ -30,6 +30,18 @@ MIN_PROBE_CALLS = 100
 # the corpus's captures (lent H100 and H200 hosts): the 10th, 50th and 90th percentile of their
 # probe medians, one per job (tests/test_host_speed.py derives them from the snapshots)
 PROBE_NS_CORPUS = (121, 183, 239)
+# A library loading a kernel at its first use: cuBLAS(Lt) loads each GEMM kernel it picks from
+# its embedded cubins (cuLibraryLoadData, cuLibraryGetKernel) and sets its attributes
+# (cuKernelSetAttribute) before launching it the first time, 0.05-14 ms of host time per kernel
+# in the corpus. Inside a steady window it means GEMM shapes the job had not run before: uneven
+# expert token counts give the experts' GEMMs new shapes every step (docs/fixes.md, `balance`).
+KERNEL_LOAD_CALLS = re.compile(r"^(cuLibraryLoad|cuModuleLoad|cuLibraryGetKernel|cuModuleGetFunction|cuLibraryGetModule)")
+KERNEL_SETUP_CALLS = re.compile(r"^(cuKernelSetAttribute|cuFuncSetAttribute|cudaFuncSetAttribute|"
+                                r"cuKernelSetCacheConfig|cuFuncSetCacheConfig|cudaFuncSetCacheConfig)")
+LOADED_KERNEL_CALLS = re.compile(r"^(cuLibraryLoad|cuModuleLoad)")  # one per kernel (module) loaded
+# a load a step on average: the job's shapes have not settled (a stray late first use, such as
+# the first checkpoint's or the last micro-batch's kernel, is one load in a window, not one a step)
+KERNEL_LOADS_PER_STEP = 1.0
 
 
 def host_pauses(gaps: np.ndarray, iterations: int) -> np.ndarray:
@@ -45,6 +57,45 @@ def host_pauses(gaps: np.ndarray, iterations: int) -> np.ndarray:
     ref = float(np.median(np.partition(gaps, n - iterations)[n - iterations:]))
     excess = gaps - ref
     return np.where(excess > max(PAUSE_MIN_NS, ref), excess, 0).astype(np.int64)
+
+
+def kernel_load_ns(names: pd.Series, tid: np.ndarray, start: np.ndarray, end: np.ndarray,
+                   launches: np.ndarray) -> np.ndarray:
+    """Per API call, rows sorted by (tid, start): its own time where it loads a kernel (a load
+    call, or a set-up call after one on its thread before the thread's next launch), else 0. A
+    set-up call alone is no load: some libraries set an attribute before every launch.
+    ``launches``: bool per call, it launched an op."""
+    m = len(start)
+    load = name_matches(names, KERNEL_LOAD_CALLS) if m else np.zeros(0, bool)
+    if not load.any():
+        return np.zeros(m, np.int64)
+    idx = np.arange(m)
+    first = np.ones(m, bool)
+    first[1:] = tid[1:] != tid[:-1]
+    thread_first = np.maximum.accumulate(np.where(first, idx, 0))
+    last_load = np.maximum.accumulate(np.where(load, idx, -1))
+    last_launch = np.maximum.accumulate(np.where(launches, idx, -1))
+    setup = name_matches(names, KERNEL_SETUP_CALLS) & (last_load >= thread_first) & (last_load > last_launch)
+    return np.where(load | setup, end - start, 0).astype(np.int64)
+
+
+def _kernel_loads(gpu: GpuTimeline, lo: int, hi: int) -> tuple[int, int]:
+    """(kernels loaded, ns of host time loading them) inside the window, on the threads that
+    loaded one (``kernel_load_ns``); only those threads' rows are sorted."""
+    rt = gpu.runtime
+    if rt.empty:
+        return 0, 0
+    start = rt["start"].to_numpy(np.int64)
+    keep = (start >= lo) & (start < hi)
+    loaded = keep & name_matches(rt["name"], LOADED_KERNEL_CALLS)
+    if not loaded.any():
+        return 0, 0
+    tid = rt["tid"].to_numpy()
+    rows = rt[keep & np.isin(tid, np.unique(tid[loaded]))].sort_values(["tid", "start"], kind="stable")
+    launches = rows["correlation"].isin(gpu.ops["correlation"]).to_numpy(bool)
+    ns = kernel_load_ns(rows["name"], rows["tid"].to_numpy(), rows["start"].to_numpy(np.int64),
+                        rows["end"].to_numpy(np.int64), launches)
+    return int(loaded.sum()), int(ns.sum())
 
 
 def _pause_ns(gpu: GpuTimeline, lo: int, hi: int) -> int:
@@ -84,7 +135,8 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
     gcr = gpu.nvtx[contains_per_distinct(gpu.nvtx["text"], GC_RANGES)]
     probe_ns, probes = prof.host_probe or (None, 0)
     read = probes >= MIN_PROBE_CALLS
-    return HostResult(kernels=int(len(kern)), launch_bound_kernels=int(len(lb)),
+    loads, load_ns = _kernel_loads(gpu, lo, hi)
+    return HostResult(kernel_loads=loads, kernel_load_ns=load_ns,kernels=int(len(kern)), launch_bound_kernels=int(len(lb)),
                       probe_call_ns=probe_ns if read else None, probe_calls=probes if read else 0,
                       launch_bound_kernel_ns=int((lb["end"] - lb["start"]).sum()),
                       graph_kernels=int((kern["graph_node"] != 0).sum()),
@@ -110,7 +162,11 @@ def _host_spread(n: dict) -> Gain | None:
 
 GAINS = {"gc": lambda n: removed("gc", min(n["gc_ms"], n["host_ms"]), "garbage-collection time" if n["gc_marked"]
                                   else "host pauses outside the steps' rhythm (no GC ranges in the profile)"),
-         "host_spread": _host_spread}
+         "host_spread": _host_spread,
+         # at most the loads' host time; a load that drained a GPU-bound queue waited out work the
+         # step runs anyway, so half, and none at the low end (the replay prices the critical path)
+         "kernel_loads": lambda n: share_of("kernel_loads", min(n["kernel_load_ms"], n["host_ms"]), 0.5, 0.0, 1.0,
+                                            "host time loading kernels at their first use")}
 
 def job_probe_ns(records) -> float | None:
     """The job's host probe: the median over its GPUs' exports (None where none was read)."""
@@ -124,13 +180,16 @@ def numbers(job: Job) -> dict:
     marked = any(r.analysis.host.gc_ns for r in job.records)
     return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns if marked else a.host.pause_ns), gc_marked=marked,
                 probe_call_ns=job_probe_ns(job.records),
+                kernel_loads=mean_per_step_ms(job, lambda a: a.host.kernel_loads) * 1e6,
+                kernel_load_ms=mean_per_step_ms(job, lambda a: a.host.kernel_load_ns),
                 host_ms=job.walls_ns["host"] / 1e6,
                 host_rank_ms=ranks if len(ranks) > 1 else None, pp_from_flags=int(pp) if pp.isdigit() else 1)
 
 
 def facts(job: Job, numbers: dict) -> dict:
     lb = np.mean([r.analysis.host.launch_bound_kernels / max(r.analysis.host.kernels, 1) for r in job.records])
-    return dict(launch_bound_kernels=bool(lb >= LAUNCH_BOUND_SHARE))
+    return dict(launch_bound_kernels=bool(lb >= LAUNCH_BOUND_SHARE),
+                kernel_loads=bool(numbers["kernel_loads"] >= KERNEL_LOADS_PER_STEP))
 
 
 def evidence(job: Job, numbers: dict) -> list[dict]:
@@ -146,9 +205,25 @@ def evidence(job: Job, numbers: dict) -> list[dict]:
             f"the launching thread's stretches with no CUDA call over its typical longest one by > "
             f"{PAUSE_MIN_NS / 1e6:.0f} ms; most on rank {getattr(worst.gpu, 'rank', i)}: {worst.analysis.host.pause_ns / 1e6:.1f} ms "
             f"in {worst.iterations} steps, a rate a short window cannot pin down"))
+    if numbers["kernel_loads"] > 0:
+        rows.append(_loads_row(job, numbers))
     if numbers["probe_call_ns"] is not None:
         rows.append(_speed_row(numbers["probe_call_ns"]))
     return rows
+
+
+def _loads_row(job: Job, numbers: dict) -> dict:
+    i = int(np.argmax([r.analysis.host.kernel_load_ns for r in job.records]))
+    worst = job.records[i]
+    return evidence_row(
+        "host", "kernels a library loaded at their first use inside the window (GEMM shapes not run before)",
+        numbers["kernel_loads"], "per step",
+        f"{numbers['kernel_load_ms']:.1f} ms/step of host time in the loading calls (cuLibraryLoadData, "
+        f"cuKernelSetAttribute; mean over GPUs), most on rank {getattr(worst.gpu, 'rank', i)}: "
+        f"{worst.analysis.host.kernel_loads} loads, {worst.analysis.host.kernel_load_ns / 1e6:.1f} ms in "
+        f"{worst.iterations} steps. A load that finds the GPU busy waits for it to drain, and the GPU then idles "
+        f"until the host launches again. Uneven expert token counts give the experts' GEMMs new shapes every step: "
+        f"static shapes (--moe-pad-expert-input-to-capacity) or balanced routing end it (docs/replay.md, Kernel loads)")
 
 
 def _speed_row(ns: float) -> dict:

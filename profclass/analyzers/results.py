@@ -78,6 +78,8 @@ class HostResult:
     pause_ns: int = 0  # without such ranges: the launching thread's pauses (host.host_pauses)
     probe_call_ns: int | None = None  # median own time of the fixed-work driver call (load.tables.PROBE_CALL_NAMES)
     probe_calls: int = 0
+    kernel_loads: int = 0  # kernels a library loaded at their first use inside the window (host.KERNEL_LOAD_CALLS)
+    kernel_load_ns: int = 0  # host time in those loads' calls
 
 
 @dataclass

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from .. import intervals as iv
-from ..analyzers.host import GC_RANGES
+from ..analyzers.host import GC_RANGES, kernel_load_ns
 from ..analyzers.idle import ALLOC_CALLS, SYNC_CALLS
 from ..analyzers.sets import contains_per_distinct, name_matches
 from ..timeline import GpuTimeline
@@ -86,15 +86,20 @@ def call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, hi
     gap = np.zeros(m, np.int64)
     gap[1:] = np.where(same[1:], np.clip(cs[1:] - ce[:-1], 0, None), 0)
     gc = _gc_in_gaps(nvtx, cs, ce, same, lo, hi)
+    load = kernel_load_ns(calls["name"], tid, cs, ce, kind == LAUNCH)
+    # a kernel load that returned with the device drained waited for it, as a device sync does
+    # (cuBLAS's first launch of a kernel: docs/replay.md, "Kernel loads"); shorter ones are CPU time
+    kind = np.where((load > 0) & (kind == OTHER) & _drained(ce, start, end), SYNC, kind).astype(np.int8)
     target, wake, dur = _blocking(cs, ce, kind, start, end, launch)
+    load_waits = (load > 0) & (target >= 0)
     rec_calls = _recomputed_calls(cs, ce, launch, recomputed)
     # calls that neither launch, block nor allocate are CPU time like any other: folded into
     # the gap before the next kept call of their thread (a third of the graph's host nodes)
     keep = (kind == LAUNCH) | (kind == ALLOC) | (target >= 0) | closing
-    gap, gc, folded, sel, remap = _fold(keep, gap, gc, ce - cs, same)
+    gap, gc, load, folded, sel, remap = _fold(keep, gap, gc, load, ce - cs, same)
     gap, h = _thread_waits(cs[sel], ce[sel], tid[sel], gap[sel])
     return dict(c_start=cs[sel], c_dur=dur[sel].astype(np.int64), c_tid=tid[sel], c_kind=kind[sel],
-                c_gap=gap, c_gc=gc[sel], c_target=target[sel].astype(np.int64),
+                c_gap=gap, c_gc=gc[sel], c_load=load[sel], c_load_waits=load_waits[sel], c_target=target[sel].astype(np.int64),
                 c_wake=wake[sel].astype(np.int64), c_recomputed=rec_calls[sel], c_folded=folded[sel],
                 remap=remap, **h)
 
@@ -134,6 +139,14 @@ def _blocking(cs, ce, kind, start, end, launch):
     return target, wake, dur
 
 
+def _drained(ce, start, end) -> np.ndarray:
+    """Per call end: no op of the GPU was running then (every stream had finished its work)."""
+    if not len(start):
+        return np.zeros(len(ce), bool)
+    running = np.searchsorted(np.sort(start), ce, side="left") - np.searchsorted(np.sort(end), ce, side="left")
+    return running <= 0
+
+
 def _queue_full(cs, start, end, launch) -> np.ndarray:
     """Per call: the GPU's queue of launched, unfinished ops was full when it began (pending ops
     at ``QUEUE_FULL_SHARE`` of the window's most, that most at least ``QUEUE_MIN_DEPTH``)."""
@@ -160,12 +173,13 @@ def _recomputed_calls(cs, ce, launch, recomputed) -> np.ndarray:
     return (k >= 0) & (cs < spans[1][np.clip(k, 0, None)])
 
 
-def _fold(keep, gap, gc, own, same):
-    """(gap, gc, folded calls, kept rows, old row -> kept row) with each dropped call's time
-    and the CPU time before it added to the gap before the next kept call of its thread."""
+def _fold(keep, gap, gc, load, own, same):
+    """(gap, gc, load, folded calls, kept rows, old row -> kept row) with each dropped call's
+    time and the CPU time before it added to the gap before the next kept call of its thread
+    (its kernel-load time to that call's load: a kept call loads nothing itself)."""
     m = len(keep)
     if not m or keep.all():
-        return gap, gc, np.zeros(m, np.int64), np.arange(m), np.arange(m)
+        return gap, gc, np.zeros(m, np.int64), np.zeros(m, np.int64), np.arange(m), np.arange(m)
     kept = np.flatnonzero(keep)
     start = ~same
     start[0] = True
@@ -177,6 +191,7 @@ def _fold(keep, gap, gc, own, same):
     q_before = np.where(start[kept], kept - 1, np.maximum(q_before, -1))
     out = []
     for vals, base in ((np.where(keep, 0, gap + own), gap), (np.where(keep, 0, gc), gc),
+                       (np.where(keep, 0, load), np.zeros(m, np.int64)),
                        ((~keep).astype(np.int64), np.zeros(m, np.int64))):
         run = np.concatenate([[0], np.cumsum(vals)])  # run[i]: the sum of rows < i
         added = base.copy()
@@ -184,7 +199,7 @@ def _fold(keep, gap, gc, own, same):
         out.append(added)
     remap = np.full(m, -1, np.int64)
     remap[kept] = np.arange(len(kept))
-    return out[0], out[1], out[2], kept, remap
+    return out[0], out[1], out[2], out[3], kept, remap
 
 
 def _thread_waits(cs, ce, tid, gap):

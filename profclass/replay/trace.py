@@ -70,6 +70,8 @@ class Calls:
     c_kind: np.ndarray  # LAUNCH / SYNC / ALLOC / OTHER
     c_gap: np.ndarray  # CPU time since the previous call of the thread ended
     c_gc: np.ndarray  # of which inside garbage-collection NVTX ranges
+    c_load: np.ndarray  # of which loading kernels at their first use (analyzers.host.kernel_load_ns)
+    c_load_waits: np.ndarray  # bool: the call is such a load that waited for the device to drain
     c_target: np.ndarray  # op a blocking call waited for, -1: it did not wait
     c_wake: np.ndarray  # ns from that op's end to the call's return
     c_recomputed: np.ndarray  # bool: host work of the recomputed forward

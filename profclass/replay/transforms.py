@@ -18,7 +18,7 @@ from . import pipeline_schedule, tp_overlap
 from .constants import GPU_TRACED_SHARE, TRACED_CALL_NS, TYPICAL_QUANTILE
 from ..analyzers.compute import FUSION_FLAGS
 from ..analyzers.host import host_pauses
-from .scenario import Weights, drop_calls, drop_ops, stream_neighbours
+from .scenario import Weights, drop_calls, drop_loads, drop_ops, stream_neighbours
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
 
 POINTS = ("low", "best", "high")
@@ -327,6 +327,8 @@ def _balance(spec, point, traces, weights, ctx):
         # the overloaded rank's host also handles its extra tokens (the dispatcher's per-token
         # work between its syncs): balanced, it issues at the median rank's rate
         out = _host_rate(spec, point, traces, out, ctx) or out
+    if spec.get("loads"):  # static expert shapes: no kernel loads at first use
+        out = [drop_loads(t, w, share) for t, w in zip(traces, out)]
     return out
 
 
@@ -381,6 +383,14 @@ def _ep_transfer_factor(traces, ctx, ratio: np.ndarray, share: float) -> list[np
     return out
 
 
+def _drop_loads(spec, point, traces, weights, ctx):
+    """No kernel loaded at its first use inside the window (``scenario.drop_loads``)."""
+    if not any(t.calls.c_load.any() or t.calls.c_load_waits.any() for t in traces):
+        return None
+    share = _pick(spec.get("recovered", 1.0), point)
+    return [drop_loads(t, w, share) for t, w in zip(traces, weights)]
+
+
 def _drop_allocs(spec, point, traces, weights, ctx):
     if not any((t.calls.c_kind == ALLOC).any() for t in traces):
         return None
@@ -428,7 +438,7 @@ def detachable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray
 
 _KINDS = {"scale": _scale, "fuse": _fuse, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
           "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
-          "drop_allocs": _drop_allocs, "drop_offload": _drop_offload,
+          "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "drop_loads": _drop_loads,
           "fewer_launches": lambda spec, point, traces, weights, ctx: microbatch.apply(spec, _pick, _selected_ops, point, traces, weights, ctx),
           "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx),
           "ep_overlap": _ep_overlap,
