@@ -53,17 +53,6 @@ def drop_calls(t: GpuTrace, w: Weights, mask: np.ndarray) -> Weights:
                    c_blocks=w.c_blocks & ~mask)
 
 
-def drop_loads(t: GpuTrace, w: Weights, share: float) -> Weights:
-    """Kernels no longer loaded at their first use inside the window (every step runs the
-    kernels the steps before ran): the loads' CPU time (``Calls.c_load``) leaves the host's
-    gaps, and of the loads that drained the device (``c_load_waits``) the first ``share``, in
-    window order, no longer wait nor take time."""
-    waits = t.calls.c_load_waits
-    gone = waits & (np.cumsum(waits) <= np.ceil(share * waits.sum()))
-    return replace(w, c_gap=np.maximum(w.c_gap - (t.calls.c_load * share).astype(np.int64), 0),
-                   c_dur=np.where(gone, 0, w.c_dur), c_blocks=w.c_blocks & ~gone)
-
-
 @dataclass(frozen=True)
 class Outcome:
     t: np.ndarray  # node times

@@ -18,7 +18,8 @@ from . import pipeline_schedule, tp_overlap
 from .constants import GPU_TRACED_SHARE, TRACED_CALL_NS, TYPICAL_QUANTILE
 from ..analyzers.compute import FUSION_FLAGS
 from ..analyzers.host import host_pauses
-from .scenario import Weights, drop_calls, drop_loads, drop_ops, stream_neighbours
+from .scenario import Weights, drop_calls, drop_ops, stream_neighbours
+from .shapes import drop_loads, repeat_shapes
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
 
 POINTS = ("low", "best", "high")
@@ -327,8 +328,9 @@ def _balance(spec, point, traces, weights, ctx):
         # the overloaded rank's host also handles its extra tokens (the dispatcher's per-token
         # work between its syncs): balanced, it issues at the median rank's rate
         out = _host_rate(spec, point, traces, out, ctx) or out
-    if spec.get("loads"):  # static expert shapes: no kernel loads at first use
-        out = [drop_loads(t, w, share) for t, w in zip(traces, out)]
+    if spec.get("shapes"):  # static expert shapes: no kernel loads, no per-shape host work (replay/shapes.py)
+        out = [repeat_shapes(t, drop_loads(t, w, share), s, g, share)
+               for t, w, s, g in zip(traces, out, seg, ctx.op_groups)]
     return out
 
 

@@ -1,0 +1,50 @@
+"""What GEMM shapes that repeat from step to step save the host (docs/replay.md, "Kernel loads
+and new shapes"). cuBLAS chooses a kernel for each GEMM shape it meets (a heuristic query, pure
+CPU work) and loads that kernel the first time it is chosen (``analyzers.host.kernel_load_ns``);
+later calls of a shape it has seen reuse both. A dropless MoE job's expert token counts change
+its experts' GEMM shapes every step, so those launches keep paying. Balanced or padded routing
+(static shapes) ends it; the launch calls stay.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from . import collectives
+from .scenario import Weights
+from .trace import GpuTrace
+
+
+def drop_loads(t: GpuTrace, w: Weights, share: float) -> Weights:
+    """Kernels no longer loaded at their first use inside the window (every step runs the
+    kernels the steps before ran): the loads' CPU time (``Calls.c_load``) leaves the host's
+    gaps, and of the loads that drained the device (``c_load_waits``) the first ``share``, in
+    window order, no longer wait nor take time."""
+    waits = t.calls.c_load_waits
+    gone = waits & (np.cumsum(waits) <= np.ceil(share * waits.sum()))
+    return replace(w, c_gap=np.maximum(w.c_gap - (t.calls.c_load * share).astype(np.int64), 0),
+                   c_dur=np.where(gone, 0, w.c_dur), c_blocks=w.c_blocks & ~gone)
+
+
+def repeat_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share: float) -> Weights:
+    """Each GEMM launch in the experts' phase (``collectives.expert_phase``) keeps at most the CPU
+    time before it that the thread's GEMM launches outside that phase take (their median: dense
+    layers' GEMMs, whose shapes repeat); ``share`` of the excess goes. Threads with no GEMM
+    launch outside the phase keep theirs."""
+    launch = t.ops.launch
+    gemm = t.ops.gemm & (launch >= 0)
+    inside = gemm & collectives.expert_phase(t, seg, groups)
+    if not inside.any():
+        return w
+    gap = w.c_gap.copy()
+    tid = t.calls.c_tid
+    mine_in, mine_out = launch[inside], launch[gemm & ~inside]
+    for th in np.unique(tid[mine_in]):
+        ref = mine_out[tid[mine_out] == th]
+        if not len(ref):
+            continue
+        calls = mine_in[tid[mine_in] == th]
+        excess = np.clip(gap[calls] - np.median(gap[ref]), 0, None)
+        gap[calls] -= (excess * share).astype(np.int64)
+    return replace(w, c_gap=gap)
