@@ -35,7 +35,8 @@ PROBE_NS_CORPUS = (121, 183, 239)
 # (cuKernelSetAttribute) before launching it the first time, 0.05-14 ms of host time per kernel
 # in the corpus. Inside a steady window it means GEMM shapes the job had not run before: uneven
 # expert token counts give the experts' GEMMs new shapes every step (docs/fixes.md, `balance`).
-KERNEL_LOAD_CALLS = re.compile(r"^(cuLibraryLoad|cuModuleLoad|cuLibraryGetKernel|cuModuleGetFunction|cuLibraryGetModule)")
+KERNEL_LOAD_CALLS = re.compile(r"^(cuLibraryLoad|cuModuleLoad|cuLibraryGetKernel|cuModuleGetFunction|"
+                               r"cuLibraryGetModule)")
 KERNEL_SETUP_CALLS = re.compile(r"^(cuKernelSetAttribute|cuFuncSetAttribute|cudaFuncSetAttribute|"
                                 r"cuKernelSetCacheConfig|cuFuncSetCacheConfig|cudaFuncSetCacheConfig)")
 LOADED_KERNEL_CALLS = re.compile(r"^(cuLibraryLoad|cuModuleLoad)")  # one per kernel (module) loaded
@@ -136,7 +137,8 @@ def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> HostResult:
     probe_ns, probes = prof.host_probe or (None, 0)
     read = probes >= MIN_PROBE_CALLS
     loads, load_ns = _kernel_loads(gpu, lo, hi)
-    return HostResult(kernel_loads=loads, kernel_load_ns=load_ns,kernels=int(len(kern)), launch_bound_kernels=int(len(lb)),
+    return HostResult(kernel_loads=loads, kernel_load_ns=load_ns,
+                      kernels=int(len(kern)), launch_bound_kernels=int(len(lb)),
                       probe_call_ns=probe_ns if read else None, probe_calls=probes if read else 0,
                       launch_bound_kernel_ns=int((lb["end"] - lb["start"]).sum()),
                       graph_kernels=int((kern["graph_node"] != 0).sum()),

@@ -99,7 +99,8 @@ def call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, hi
     gap, gc, load, folded, sel, remap = _fold(keep, gap, gc, load, ce - cs, same)
     gap, h = _thread_waits(cs[sel], ce[sel], tid[sel], gap[sel])
     return dict(c_start=cs[sel], c_dur=dur[sel].astype(np.int64), c_tid=tid[sel], c_kind=kind[sel],
-                c_gap=gap, c_gc=gc[sel], c_load=load[sel], c_load_waits=load_waits[sel], c_target=target[sel].astype(np.int64),
+                c_gap=gap, c_gc=gc[sel], c_load=load[sel], c_load_waits=load_waits[sel],
+                c_target=target[sel].astype(np.int64),
                 c_wake=wake[sel].astype(np.int64), c_recomputed=rec_calls[sel], c_folded=folded[sel],
                 remap=remap, **h)
 

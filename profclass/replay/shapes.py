@@ -27,6 +27,15 @@ def drop_loads(t: GpuTrace, w: Weights, share: float) -> Weights:
                    c_dur=np.where(gone, 0, w.c_dur), c_blocks=w.c_blocks & ~gone)
 
 
+def loads_gone(spec, pick, point, traces, weights) -> list[Weights] | None:
+    """The ``drop_loads`` transform: no kernel loaded at its first use inside the window on any
+    GPU (``drop_loads``); None where no window holds a load."""
+    if not any(t.calls.c_load.any() or t.calls.c_load_waits.any() for t in traces):
+        return None
+    share = pick(spec.get("recovered", 1.0), point)
+    return [drop_loads(t, w, share) for t, w in zip(traces, weights)]
+
+
 def repeat_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share: float) -> Weights:
     """Each GEMM launch in the experts' phase (``collectives.expert_phase``) keeps at most the CPU
     time before it that the thread's GEMM launches outside that phase take (their median: dense

@@ -116,7 +116,8 @@ def _cut_calls(t: GpuTrace, lo: int, hi: int, op_map: np.ndarray, b: int) -> tup
     nxt = nxt[(nxt < len(kept)) & (tid[np.clip(nxt, 0, len(kept) - 1)] == tid[nxt - 1])]
     start[nxt] -= np.clip(ret[nxt - 1] - hi, 0, None)
     calls = Calls(c_start=start, c_dur=dur, c_tid=tid, c_kind=c.c_kind[kept], c_gap=c.c_gap[kept],
-                  c_gc=c.c_gc[kept], c_load=c.c_load[kept], c_load_waits=c.c_load_waits[kept] & (target >= 0), c_target=target, c_wake=np.where(lost, 0, c.c_wake[kept]),
+                  c_gc=c.c_gc[kept], c_load=c.c_load[kept], c_load_waits=c.c_load_waits[kept] & (target >= 0),
+                  c_target=target, c_wake=np.where(lost, 0, c.c_wake[kept]),
                   c_recomputed=c.c_recomputed[kept], c_folded=c.c_folded[kept])
     return calls, call_map
 

@@ -19,8 +19,9 @@ from .constants import GPU_TRACED_SHARE, TRACED_CALL_NS, TYPICAL_QUANTILE
 from ..analyzers.compute import FUSION_FLAGS
 from ..analyzers.host import host_pauses
 from .scenario import Weights, drop_calls, drop_ops, stream_neighbours
+from . import shapes
 from .shapes import drop_loads, repeat_shapes
-from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, GpuTrace
+from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, SYNC, GpuTrace
 
 POINTS = ("low", "best", "high")
 
@@ -267,14 +268,16 @@ def _pauses(t: GpuTrace) -> np.ndarray:
 
 
 def _unblock(spec, point, traces, weights, ctx):
-    """The host waits for small device-to-host copies (the alltoall dispatcher's token counts)
-    go: those calls no longer block."""
+    """The host's waits for the MoE dispatcher's token counts no longer block: a wait for a small
+    device-to-host copy, or any sync made once a micro-batch (``microbatch.per_step_calls``: a step's
+    own syncs, the loss's and the gradient norm's, stay). docs/fixes.md, the unblock row."""
     out, hit = [], False
     for t, w in zip(traces, weights):
         tg = t.calls.c_target
         small = np.zeros(len(tg), bool)
         ok = tg >= 0
         small[ok] = (t.ops.kind[tg[ok]] == COPY) & (t.ops.dur[tg[ok]] < 50_000)
+        small |= ok & (t.calls.c_kind == SYNC) & ~microbatch.per_step_calls(t)
         hit |= bool(small.any())
         out.append(replace(w, c_blocks=w.c_blocks & ~small))
     return out if hit else (weights if spec.get("kind") != "unblock" else None)
@@ -385,14 +388,6 @@ def _ep_transfer_factor(traces, ctx, ratio: np.ndarray, share: float) -> list[np
     return out
 
 
-def _drop_loads(spec, point, traces, weights, ctx):
-    """No kernel loaded at its first use inside the window (``scenario.drop_loads``)."""
-    if not any(t.calls.c_load.any() or t.calls.c_load_waits.any() for t in traces):
-        return None
-    share = _pick(spec.get("recovered", 1.0), point)
-    return [drop_loads(t, w, share) for t, w in zip(traces, weights)]
-
-
 def _drop_allocs(spec, point, traces, weights, ctx):
     if not any((t.calls.c_kind == ALLOC).any() for t in traces):
         return None
@@ -440,7 +435,9 @@ def detachable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray
 
 _KINDS = {"scale": _scale, "fuse": _fuse, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
           "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
-          "drop_allocs": _drop_allocs, "drop_offload": _drop_offload, "drop_loads": _drop_loads,
+          "drop_allocs": _drop_allocs, "drop_offload": _drop_offload,
+          "drop_loads": lambda spec, point, traces, weights, ctx: shapes.loads_gone(spec, _pick, point, traces,
+                                                                                     weights),
           "fewer_launches": lambda spec, point, traces, weights, ctx: microbatch.apply(spec, _pick, _selected_ops, point, traces, weights, ctx),
           "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx),
           "ep_overlap": _ep_overlap,
