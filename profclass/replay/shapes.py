@@ -1,9 +1,10 @@
 """What GEMM shapes that repeat from step to step save the host (docs/replay.md, "Kernel loads
-and new shapes"). cuBLAS chooses a kernel for each GEMM shape it meets (a heuristic query, pure
-CPU work) and loads that kernel the first time it is chosen (``analyzers.host.kernel_load_ns``);
-later calls of a shape it has seen reuse both. A dropless MoE job's expert token counts change
-its experts' GEMM shapes every step, so those launches keep paying. Balanced or padded routing
-(static shapes) ends it; the launch calls stay.
+and new shapes"). cuBLAS loads a kernel the first time a shape picks it
+(``analyzers.host.kernel_load_ns``), and the host spends more CPU time before an expert GEMM's
+launch while its shapes keep changing (measured: call DG's padded twin, the corpus's balanced
+ones); which library work that is is not settled (pre-warming every shape removed the loads,
+not it). A dropless MoE job's expert token counts change its experts' GEMM shapes every step;
+balanced or padded routing (static shapes) ends both. The launch calls stay.
 """
 from __future__ import annotations
 
