@@ -277,7 +277,9 @@ def _unblock(spec, point, traces, weights, ctx):
         small = np.zeros(len(tg), bool)
         ok = tg >= 0
         small[ok] = (t.ops.kind[tg[ok]] == COPY) & (t.ops.dur[tg[ok]] < 50_000)
-        small |= ok & (t.calls.c_kind == SYNC) & ~microbatch.per_step_calls(t)
+        once = microbatch.per_step_calls(t)
+        if once.any():  # none marked: the micro-batches cannot be told from the step's own work
+            small |= ok & (t.calls.c_kind == SYNC) & ~once
         hit |= bool(small.any())
         out.append(replace(w, c_blocks=w.c_blocks & ~small))
     return out if hit else (weights if spec.get("kind") != "unblock" else None)
