@@ -215,7 +215,10 @@ def test_the_wall_a_fix_exposes_brings_its_own_fixes_into_the_plan():
     plan = d["plan"]
     assert plan[0]["id"] == "comm_nvlink_domain" and plan[0]["wall_after"] == "host"
     assert "host" not in {f["wall"] for f in d["fixes"]}
-    assert plan[1]["id"] == "host_bigger_launches" and plan[1]["gain_ms"] > plan[0]["gain_ms"] / 2
+    # the exposed host wall's fix is the largest step after the fabric's (the plan's later steps
+    # are worth less); since the forty-third session the fabric gains more, its kernel loads read
+    # as the drains they are rather than as host time (docs/replay.md, "Kernel loads")
+    assert plan[1]["id"] == "host_bigger_launches" and plan[1]["gain_ms"] > max(p["gain_ms"] for p in plan[2:])
 
 
 def test_a_host_paced_fixs_range_holds_a_slower_and_a_faster_host(diagnosis):

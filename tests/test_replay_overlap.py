@@ -171,7 +171,10 @@ def test_dp_overlap_priced_on_a_capture():
     assert price["basis"].startswith("replay:overlap")
     lo, best, hi = price["low_ms"], price["best_ms"], price["high_ms"]
     assert all(math.isfinite(v) for v in (lo, best, hi))
-    assert 0 < lo <= best <= hi < d.window["step_ms"]["mean"]
+    # the low end may dip under zero: a kernel load that drained the GPU waits for the moved
+    # reduction too (docs/replay.md, "Kernel loads and new shapes")
+    assert 0 < best and lo <= best <= hi < d.window["step_ms"]["mean"]
+    assert lo > -0.01 * d.window["step_ms"]["mean"]
 
 
 def test_a_stretched_reduction_runs_longer_beside_the_backward():

@@ -37,7 +37,8 @@ def _trace(n_its: int, first_start: int = 0, sync_across: bool = False) -> GpuTr
                 recomputed=np.zeros(n_its, bool), offload=np.zeros(n_its, bool), launch=np.arange(0, 2 * n_its, 2),
                 launch_lag=np.full(n_its, 5 * US), stream_gap=np.zeros(n_its, np.int64)),
         calls=Calls(c_start=calls_start, c_dur=dur, c_tid=np.ones(m, np.int64), c_kind=kind,
-                    c_gap=np.full(m, 10 * US), c_gc=np.zeros(m, np.int64), c_target=target,
+                    c_gap=np.full(m, 10 * US), c_gc=np.zeros(m, np.int64), c_load=np.zeros(m, np.int64),
+                    c_load_waits=np.zeros(m, bool), c_target=target,
                     c_wake=np.where(target >= 0, 3 * US, 0), c_recomputed=np.zeros(m, bool),
                     c_folded=np.zeros(m, np.int64)),
         edges=Edges(e_src=np.zeros(0, np.int64), e_dst=np.zeros(0, np.int64), e_lag=np.zeros(0, np.int64),
@@ -76,6 +77,7 @@ def _host_ahead() -> GpuTrace:
                     c_dur=np.array([2, 2, 2, 3, 2, 2, 3, 2]) * US, c_tid=np.array([1, 1, 1, 1, 1, 1, 2, 2]),
                     c_kind=np.array([LAUNCH, LAUNCH, LAUNCH, SYNC, LAUNCH, LAUNCH, SYNC, LAUNCH], np.int8),
                     c_gap=np.array([10, 10, 10, 10, 10, 10, 10, 0]) * US, c_gc=np.zeros(8, np.int64),
+                    c_load=np.zeros(8, np.int64), c_load_waits=np.zeros(8, bool),
                     c_target=np.array([-1, -1, -1, 2, -1, -1, 0, -1]),
                     c_wake=np.array([0, 0, 0, 3, 0, 0, 3, 0]) * US, c_recomputed=np.zeros(8, bool),
                     c_folded=np.zeros(8, np.int64))
