@@ -182,7 +182,7 @@ def numbers(job: Job) -> dict:
     marked = any(r.analysis.host.gc_ns for r in job.records)
     return dict(gc_ms=mean_per_step_ms(job, lambda a: a.host.gc_ns if marked else a.host.pause_ns), gc_marked=marked,
                 probe_call_ns=job_probe_ns(job.records),
-                kernel_loads=mean_per_step_ms(job, lambda a: a.host.kernel_loads) * 1e6,
+                kernel_loads=float(np.mean([r.analysis.host.kernel_loads / r.iterations for r in job.records])),
                 kernel_load_ms=mean_per_step_ms(job, lambda a: a.host.kernel_load_ns),
                 host_ms=job.walls_ns["host"] / 1e6,
                 host_rank_ms=ranks if len(ranks) > 1 else None, pp_from_flags=int(pp) if pp.isdigit() else 1)

@@ -20,7 +20,6 @@ from ..analyzers.compute import FUSION_FLAGS
 from ..analyzers.host import host_pauses
 from .scenario import Weights, drop_calls, drop_ops, stream_neighbours
 from . import shapes
-from .shapes import drop_loads, repeat_shapes
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, SYNC, GpuTrace
 
 POINTS = ("low", "best", "high")
@@ -334,7 +333,7 @@ def _balance(spec, point, traces, weights, ctx):
         # work between its syncs): balanced, it issues at the median rank's rate
         out = _host_rate(spec, point, traces, out, ctx) or out
     if spec.get("shapes"):  # static expert shapes: no kernel loads, no per-shape host work (replay/shapes.py)
-        out = [repeat_shapes(t, drop_loads(t, w, share), s, g, share)
+        out = [shapes.repeat_shapes(t, shapes.drop_loads(t, w, share), s, g, share)
                for t, w, s, g in zip(traces, out, seg, ctx.op_groups)]
     return out
 
