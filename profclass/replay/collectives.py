@@ -144,10 +144,13 @@ def expert_phase(t: GpuTrace, seg: np.ndarray, groups: np.ndarray | None) -> np.
     """Per op: inside a MoE layer's expert phase, where a dropless job's token counts change the
     shapes from step to step: an EP collective, or an op in a phase between EP all-to-alls
     (``segments``) that runs no ``DENSE_PART`` kernel (forward: dispatch, permute, experts,
-    unpermute, combine; backward the same in reverse). Before the first all-to-all is dense."""
+    unpermute, combine; backward the same in reverse). Before the first all-to-all is dense.
+    With no EP all-to-all (EP 1, or experts split by TP alone): ``varying_stretches``."""
     out = np.zeros(t.n_ops, bool)
-    if seg is None or not len(seg) or not (seg >= 0).any() or t.ops.name is None:
+    if t.ops.name is None:
         return out
+    if seg is None or not len(seg) or not (seg >= 0).any():
+        return varying_stretches(t)
     ids, at = np.unique(seg, return_inverse=True)
     dense = np.zeros(len(ids), bool)
     np.logical_or.at(dense, at, t.ops_named(DENSE_PART.search))
@@ -155,3 +158,33 @@ def expert_phase(t: GpuTrace, seg: np.ndarray, groups: np.ndarray | None) -> np.
     if groups is not None:
         out |= (t.ops.kind == COMM) & (np.asarray(groups) == "EP")
     return out
+
+
+def varying_stretches(t: GpuTrace) -> np.ndarray:
+    """Per op: in a stretch of its stream between two ``DENSE_PART`` kernels whose GEMMs (kernel
+    and CTAs, in order) no other stretch of the window repeats. A dense stretch recurs in every
+    layer and micro-batch with the same shapes; a dropless MoE layer's expert GEMMs take the
+    token counts' shapes, new each micro-batch. A stretch with no GEMM is not counted."""
+    out = np.zeros(t.n_ops, bool)
+    if t.ops.name is None or t.ops.grid is None or not t.n_ops:
+        return out
+    order = np.lexsort((t.ops.start, t.ops.stream))
+    cut = t.ops_named(DENSE_PART.search)[order]
+    cut[1:] |= t.ops.stream[order][1:] != t.ops.stream[order][:-1]
+    stretch = np.empty(t.n_ops, np.int64)
+    stretch[order] = np.cumsum(cut)
+    g = np.flatnonzero(t.ops.gemm & (t.ops.kind != COMM))
+    if not len(g):
+        return out
+    g = g[np.lexsort((t.ops.start[g], stretch[g]))]
+    st = stretch[g]
+    first = np.r_[0, np.flatnonzero(st[1:] != st[:-1]) + 1]
+    rank = np.arange(len(g)) - np.repeat(first, np.diff(np.r_[first, len(g)]))
+    # each stretch's GEMM sequence hashed (wrapping 64-bit arithmetic: a collision only merges two stretches)
+    code = (t.ops.name[g].astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15) \
+        ^ t.ops.grid[g].astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+    mix = code * (np.uint64(0x100000001B3) ** rank.astype(np.uint64) | np.uint64(1))
+    sig = np.add.reduceat(mix, first)
+    _, at, counts = np.unique(sig, return_inverse=True, return_counts=True)
+    once = st[first][counts[at] == 1]
+    return np.isin(stretch, once)

@@ -10,7 +10,8 @@ from functools import cached_property
 import numpy as np
 
 from ..classify import WALLS
-from . import calibrate, collectives, critical_path, engine, pipeline_schedule, pipelined, scenario, span, transforms
+from . import calibrate, collectives, collector, critical_path, engine, pipeline_schedule, pipelined, scenario
+from . import span, transforms
 from ..analyzers.host import PROBE_NS_CORPUS
 from ..fixes import request_parts
 from .constants import HOST_SPEED
@@ -85,7 +86,7 @@ class Replayer:
         # ``untraced_stages``
         self.stages, self.no_schedule = pipeline_schedule.from_job(
             self.traces, self.groups, inp.ranks, inp.pipeline, inp.step_ns,
-            [transforms.pause_per_step(t) for t in self.traces])
+            [collector.pause_per_step(t) for t in self.traces])
 
     # The step without the profiler: fixes are priced and planned from it (the gain is banked in
     # the job that runs without it, where the host's calls cost less; docs/replay.md). Worked out

@@ -13,11 +13,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import collectives, host_input, microbatch, overlap
+from . import collectives, collector, host_input, microbatch, overlap
 from . import pipeline_schedule, tp_overlap
 from .constants import GPU_TRACED_SHARE, TRACED_CALL_NS, TYPICAL_QUANTILE
 from ..analyzers.compute import FUSION_FLAGS
-from ..analyzers.host import host_pauses
 from .scenario import Weights, drop_calls, drop_ops, stream_neighbours
 from . import shapes
 from .trace import ALLOC, COMM, COMPUTE, COPY, LAUNCH, SYNC, GpuTrace
@@ -237,35 +236,6 @@ def _cuda_graphs(spec, point, traces, weights, ctx):
     return out if hit else None
 
 
-def _remove_gc(spec, point, traces, weights, ctx):
-    """The collector's time leaves the host's gaps: inside its NVTX ranges where the profile has
-    them, else each launching thread's pauses outside the steps' rhythm (``host.host_pauses``)."""
-    share = _pick(spec.get("removed", 1.0), point)
-    gc = [t.calls.c_gc for t in traces]
-    if not any(g.any() for g in gc):
-        gc = [_pauses(t) for t in traces]
-        if not any(g.any() for g in gc):
-            return None
-    return [replace(w, c_gap=np.maximum(w.c_gap - (g * share).astype(np.int64), 0))
-            for g, w in zip(gc, weights)]
-
-
-def pause_per_step(t: GpuTrace) -> float:
-    """ns per step the host's collector held its busiest launching thread: its GC ranges, else
-    its pauses outside the steps' rhythm (``_pauses``)."""
-    gc = t.calls.c_gc if t.calls.c_gc.any() else _pauses(t)
-    per_tid = [gc[t.calls.c_tid == tid].sum() for tid in np.unique(t.calls.c_tid)]
-    return float(max(per_tid, default=0)) / max(t.iterations, 1)
-
-
-def _pauses(t: GpuTrace) -> np.ndarray:
-    out = np.zeros(len(t.calls.c_gap), np.int64)
-    for tid in np.unique(t.calls.c_tid):
-        mine = np.flatnonzero(t.calls.c_tid == tid)
-        out[mine] = host_pauses(t.calls.c_gap[mine], t.iterations)
-    return out
-
-
 def _unblock(spec, point, traces, weights, ctx):
     """The host's waits for the MoE dispatcher's token counts no longer block: a wait for a small
     device-to-host copy, or any sync made once a micro-batch (``microbatch.per_step_calls``: a step's
@@ -336,6 +306,20 @@ def _balance(spec, point, traces, weights, ctx):
         out = [shapes.repeat_shapes(t, shapes.drop_loads(t, w, share), s, g, share)
                for t, w, s, g in zip(traces, out, seg, ctx.op_groups)]
     return out
+
+
+def _static_shapes(spec, point, traces, weights, ctx):
+    """Drop-and-pad: every expert takes its capacity, so the experts' shapes repeat every step
+    (no kernel loads, no per-shape host work: ``shapes``), their work is even over the EP ranks
+    (``balance``, where there are EP all-to-alls), and the dispatcher's token counts are known
+    on the host, so its syncs made once a micro-batch no longer block (``unblock``)."""
+    out = _balance({**spec, "shapes": True}, point, traces, weights, ctx)
+    if out is None:  # one GPU, or experts with no EP all-to-all: the shapes alone
+        share = _pick(spec.get("recovered", 1.0), point)
+        segs = ctx.ep_segments or (None,) * len(traces)
+        out = [shapes.repeat_shapes(t, shapes.drop_loads(t, w, share), s, g, share)
+               for t, w, s, g in zip(traces, weights, segs, ctx.op_groups)]
+    return _unblock(spec, point, traces, out, ctx)
 
 
 def _ep_transfer_factor(traces, ctx, ratio: np.ndarray, share: float) -> list[np.ndarray]:
@@ -435,7 +419,8 @@ def detachable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray
 
 
 _KINDS = {"scale": _scale, "fuse": _fuse, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
-          "remove_gc": _remove_gc, "unblock": _unblock, "host_rate": _host_rate, "balance": _balance,
+          "remove_gc": lambda spec, point, traces, weights, ctx: collector.remove_gc(spec, _pick, point, traces, weights),
+          "unblock": _unblock, "host_rate": _host_rate, "balance": _balance, "static_shapes": _static_shapes,
           "drop_allocs": _drop_allocs, "drop_offload": _drop_offload,
           "drop_loads": lambda spec, point, traces, weights, ctx: shapes.loads_gone(spec, _pick, point, traces,
                                                                                      weights),
