@@ -16,6 +16,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from ..analyzers.layout_infer import MOE_ROUTER
 from ..kernels import ATTENTION
 from .engine import Instance
 from .trace import COMM, GpuTrace
@@ -164,9 +165,10 @@ def varying_stretches(t: GpuTrace) -> np.ndarray:
     """Per op: in a stretch of its stream between two ``DENSE_PART`` kernels whose GEMMs (kernel
     and CTAs, in order) no other stretch of the window repeats. A dense stretch recurs in every
     layer and micro-batch with the same shapes; a dropless MoE layer's expert GEMMs take the
-    token counts' shapes, new each micro-batch. A stretch with no GEMM is not counted."""
+    token counts' shapes, new each micro-batch. A stretch with no GEMM is not counted, nor any on a
+    GPU that runs no router (``MOE_ROUTER``): a dense model's stretches have no expert to vary."""
     out = np.zeros(t.n_ops, bool)
-    if t.ops.name is None or t.ops.grid is None or not t.n_ops:
+    if t.ops.name is None or t.ops.grid is None or not t.ops_named(MOE_ROUTER.search).any():
         return out
     order = np.lexsort((t.ops.start, t.ops.stream))
     cut = t.ops_named(DENSE_PART.search)[order]

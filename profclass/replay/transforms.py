@@ -239,7 +239,8 @@ def _cuda_graphs(spec, point, traces, weights, ctx):
 def _unblock(spec, point, traces, weights, ctx):
     """The host's waits for the MoE dispatcher's token counts no longer block: a wait for a small
     device-to-host copy, or any sync made once a micro-batch (``microbatch.per_step_calls``: a step's
-    own syncs, the loss's and the gradient norm's, stay). docs/fixes.md, the unblock row."""
+    own syncs, the loss's and the gradient norm's, stay) that awaits no collective (a pipeline's
+    batched send/recv is followed by a sync each micro-batch too). docs/fixes.md, the unblock row."""
     out, hit = [], False
     for t, w in zip(traces, weights):
         tg = t.calls.c_target
@@ -248,7 +249,10 @@ def _unblock(spec, point, traces, weights, ctx):
         small[ok] = (t.ops.kind[tg[ok]] == COPY) & (t.ops.dur[tg[ok]] < 50_000)
         once = microbatch.per_step_calls(t)
         if once.any():  # none marked: the micro-batches cannot be told from the step's own work
-            small |= ok & (t.calls.c_kind == SYNC) & ~once
+            # a sync that awaits a collective is no token-count wait (PP's batched send/recv sync)
+            own = ok & (t.calls.c_kind == SYNC) & ~once
+            own[ok] &= t.ops.kind[tg[ok]] != COMM
+            small |= own
         hit |= bool(small.any())
         out.append(replace(w, c_blocks=w.c_blocks & ~small))
     return out if hit else (weights if spec.get("kind") != "unblock" else None)
