@@ -12,9 +12,11 @@ from dataclasses import replace
 
 import numpy as np
 
+import pandas as pd
+
 from . import collectives
 from .scenario import Weights
-from .trace import GpuTrace
+from .trace import MEMSET, GpuTrace
 
 
 def drop_loads(t: GpuTrace, w: Weights, share: float) -> Weights:
@@ -57,4 +59,30 @@ def repeat_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share
         calls = mine_in[tid[mine_in] == th]
         excess = np.clip(gap[calls] - np.median(gap[ref]), 0, None)
         gap[calls] -= (excess * share).astype(np.int64)
+    return replace(w, c_gap=gap)
+
+
+def fixed_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share: float) -> Weights:
+    """Every launch in the experts' phase, not its GEMMs' alone, keeps at most the CPU time before
+    it that the thread's launches of its kind outside the phase take (their median; kinds: a GEMM,
+    a memset, else the kernel's name); ``share`` of the excess goes. Padding fixes the shapes
+    exactly, so no per-shape work is left: cuBLAS's workspace memsets before its GEMMs and the
+    phase's elementwise kernels carried it too (call EA's padded twin, docs/replay.md). A launch
+    whose kind never runs outside the phase keeps its time."""
+    launch = t.ops.launch
+    inside = (launch >= 0) & collectives.expert_phase(t, seg, groups)
+    if not inside.any():
+        return w
+    outside = (launch >= 0) & ~inside
+    name = t.ops.name if t.ops.name is not None else np.zeros(t.n_ops, np.int64)
+    kind = np.where(t.ops.gemm, -2, np.where(t.ops.kind == MEMSET, -3, name))
+    tid = t.calls.c_tid
+    ref = pd.DataFrame({"tid": tid[launch[outside]], "kind": kind[outside], "gap": w.c_gap[launch[outside]]}) \
+        .groupby(["tid", "kind"])["gap"].median()
+    calls = launch[inside]
+    r = ref.reindex(pd.MultiIndex.from_arrays([tid[calls], kind[inside]])).to_numpy()
+    has = ~np.isnan(r)
+    gap = w.c_gap.copy()
+    excess = np.clip(gap[calls[has]] - r[has], 0, None)
+    gap[calls[has]] -= (excess * share).astype(np.int64)
     return replace(w, c_gap=gap)

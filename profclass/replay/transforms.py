@@ -313,16 +313,16 @@ def _balance(spec, point, traces, weights, ctx):
 
 
 def _static_shapes(spec, point, traces, weights, ctx):
-    """Drop-and-pad: every expert takes its capacity, so the experts' shapes repeat every step
-    (no kernel loads, no per-shape host work: ``shapes``), their work is even over the EP ranks
-    (``balance``, where there are EP all-to-alls), and the dispatcher's token counts are known
-    on the host, so its syncs made once a micro-batch no longer block (``unblock``)."""
-    out = _balance({**spec, "shapes": True}, point, traces, weights, ctx)
-    if out is None:  # one GPU, or experts with no EP all-to-all: the shapes alone
-        share = _pick(spec.get("recovered", 1.0), point)
-        segs = ctx.ep_segments or (None,) * len(traces)
-        out = [shapes.repeat_shapes(t, shapes.drop_loads(t, w, share), s, g, share)
-               for t, w, s, g in zip(traces, weights, segs, ctx.op_groups)]
+    """Drop-and-pad: every expert takes its capacity, so the experts' shapes are fixed (no kernel
+    loads, no per-shape host work before any launch of their phase: ``shapes.fixed_shapes``), their
+    work is even over the EP ranks (``balance``, where there are EP all-to-alls), and the
+    dispatcher's token counts are known on the host, so its syncs made once a micro-batch no
+    longer block (``unblock``)."""
+    out = _balance({**spec, "shapes": False}, point, traces, weights, ctx) or weights  # EP all-to-alls
+    share = _pick(spec.get("recovered", 1.0), point)
+    segs = ctx.ep_segments or (None,) * len(traces)
+    out = [shapes.fixed_shapes(t, shapes.drop_loads(t, w, share), s, g, share)
+           for t, w, s, g in zip(traces, out, segs, ctx.op_groups)]
     return _unblock(spec, point, traces, out, ctx)
 
 
