@@ -162,16 +162,18 @@ def expert_phase(t: GpuTrace, seg: np.ndarray, groups: np.ndarray | None) -> np.
 
 
 def varying_stretches(t: GpuTrace) -> np.ndarray:
-    """Per op: in a stretch of its stream between two ``DENSE_PART`` kernels whose GEMMs (kernel
-    and CTAs, in order) no other stretch of the window repeats. A dense stretch recurs in every
-    layer and micro-batch with the same shapes; a dropless MoE layer's expert GEMMs take the
-    token counts' shapes, new each micro-batch. A stretch with no GEMM is not counted, nor any on a
-    GPU that runs no router (``MOE_ROUTER``): a dense model's stretches have no expert to vary."""
+    """Per op: in a stretch of its stream between two ``DENSE_PART`` or router (``MOE_ROUTER``: the
+    top-k opens the forward's experts' phase, whatever the router's score function) kernels whose
+    GEMMs (kernel and CTAs, in order) no other stretch of the window repeats. A dense stretch
+    recurs in every layer and micro-batch with the same shapes; a dropless MoE layer's expert GEMMs
+    take the token counts' shapes, new each micro-batch. A stretch with no GEMM is not counted, nor
+    any on a GPU that runs no router: a dense model's stretches have no expert to vary."""
     out = np.zeros(t.n_ops, bool)
     if t.ops.name is None or t.ops.grid is None or not t.ops_named(MOE_ROUTER.search).any():
         return out
     order = np.lexsort((t.ops.start, t.ops.stream))
-    cut = t.ops_named(DENSE_PART.search)[order]
+    cuts = t.ops_named(lambda n: DENSE_PART.search(n) or MOE_ROUTER.search(n))
+    cut = cuts[order]
     cut[1:] |= t.ops.stream[order][1:] != t.ops.stream[order][:-1]
     stretch = np.empty(t.n_ops, np.int64)
     stretch[order] = np.cumsum(cut)
@@ -189,4 +191,4 @@ def varying_stretches(t: GpuTrace) -> np.ndarray:
     sig = np.add.reduceat(mix, first)
     _, at, counts = np.unique(sig, return_inverse=True, return_counts=True)
     once = st[first][counts[at] == 1]
-    return np.isin(stretch, once)
+    return np.isin(stretch, once) & ~cuts  # a cut is the dense part (or the router) itself
