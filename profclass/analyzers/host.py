@@ -122,7 +122,14 @@ def _pause_ns(gpu: GpuTimeline, lo: int, hi: int) -> int:
         if len(s) > 1 and not bool((s[1:] >= s[:-1]).all()):  # (the runtime table is sorted as a rule)
             by_start = np.argsort(s, kind="stable")
             s, e = s[by_start], e[by_start]
-        gaps = np.clip(s[1:] - np.maximum.accumulate(e)[:-1], 0, None)
+        after = np.maximum.accumulate(e)[:-1]
+        gaps = np.clip(s[1:] - after, 0, None)
+        # a stretch in which another launching thread sits in a CUDA call is a hand-off, not a pause
+        # (the main thread waits in backward() while the autograd thread's kernel load drains the GPU)
+        others = keep & np.isin(tid, launching[launching != t])
+        if others.any():
+            busy = iv.union(start[others], end[others])
+            gaps = gaps - iv.measure_within(busy, after, np.maximum(s[1:], after))
         most = max(most, int(host_pauses(gaps, len(gpu.steady)).sum()))
     return most
 

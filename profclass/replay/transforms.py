@@ -320,9 +320,9 @@ def _static_shapes(spec, point, traces, weights, ctx):
     longer block (``unblock``)."""
     out = _balance({**spec, "shapes": False}, point, traces, weights, ctx) or weights  # EP all-to-alls
     share = _pick(spec.get("recovered", 1.0), point)
-    segs = ctx.ep_segments or (None,) * len(traces)
+    segs, groups = ctx.ep_segments or (None,) * len(traces), ctx.op_groups or (None,) * len(traces)
     out = [shapes.fixed_shapes(t, shapes.drop_loads(t, w, share), s, g, share)
-           for t, w, s, g in zip(traces, out, segs, ctx.op_groups)]
+           for t, w, s, g in zip(traces, out, segs, groups)]
     return _unblock(spec, point, traces, out, ctx)
 
 
@@ -423,7 +423,8 @@ def detachable(t: GpuTrace, groups: np.ndarray, colls: np.ndarray) -> np.ndarray
 
 
 _KINDS = {"scale": _scale, "fuse": _fuse, "drop_recomputed": _drop_recomputed, "cuda_graphs": _cuda_graphs,
-          "remove_gc": lambda spec, point, traces, weights, ctx: collector.remove_gc(spec, _pick, point, traces, weights),
+          "remove_gc": lambda spec, point, traces, weights, ctx: collector.remove_gc(spec, _pick, point, traces,
+                                                                                     weights),
           "unblock": _unblock, "host_rate": _host_rate, "balance": _balance, "static_shapes": _static_shapes,
           "drop_allocs": _drop_allocs, "drop_offload": _drop_offload,
           "drop_loads": lambda spec, point, traces, weights, ctx: shapes.loads_gone(spec, _pick, point, traces,
