@@ -1,4 +1,4 @@
-"""Drop-and-pad (``ep_drop_and_pad``, transform ``static_shapes``) and the experts' phase of a job
+"""Drop-and-pad (``moe_drop_and_pad``, transform ``static_shapes``) and the experts' phase of a job
 with no EP all-to-all (``collectives.varying_stretches``), on committed captures."""
 from __future__ import annotations
 
@@ -57,13 +57,13 @@ def test_drop_and_pad_is_offered_on_a_one_gpu_moe_job_and_prices_more_than_its_l
     and more: its replayed price is above host_kernel_loads' on the same capture."""
     d = diagnosis("compute_1gpu")
     fixes = {f["id"]: f for f in d.fixes}
-    assert {"ep_drop_and_pad", "host_kernel_loads"} <= set(fixes)
-    pad, loads = fixes["ep_drop_and_pad"]["expected_gain_ms"], fixes["host_kernel_loads"]["expected_gain_ms"]
+    assert {"moe_drop_and_pad", "host_kernel_loads"} <= set(fixes)
+    pad, loads = fixes["moe_drop_and_pad"]["expected_gain_ms"], fixes["host_kernel_loads"]["expected_gain_ms"]
     assert pad > loads > 0
 
 
 def test_drop_and_pad_is_not_offered_where_nothing_is_loaded(diagnosis):
-    assert "ep_drop_and_pad" not in [f["id"] for f in diagnosis("mcore_ep4_base").fixes]
+    assert "moe_drop_and_pad" not in [f["id"] for f in diagnosis("mcore_ep4_base").fixes]
 
 
 def test_with_ep_all_to_alls_drop_and_pad_prices_at_least_balance_and_the_unblocked_syncs_together():
@@ -71,7 +71,7 @@ def test_with_ep_all_to_alls_drop_and_pad_prices_at_least_balance_and_the_unbloc
     dispatcher's unblocked syncs, with every launch of the experts' phase fixed, not its GEMMs'
     alone: at each point at least what the two fixes replay together."""
     path = str(profile_path("mcore_ep4_unbalanced"))
-    asked = ("ep_drop_and_pad", "ep_balance_routing+host_moe_token_sync")
+    asked = ("moe_drop_and_pad", "ep_balance_routing+host_moe_token_sync")
     r = diagnose(path, price_fixes=asked).replay["requested"]
     assert r[asked[0]]["best_ms"] > 0
     for k in ("low_ms", "best_ms", "high_ms"):
