@@ -11,6 +11,7 @@ from profclass import diagnose
 from profclass.replay import collectives, shapes
 from profclass.replay.run import replayer_of
 from profclass.replay.scenario import captured
+from profclass.replay.trace import COMM
 
 
 def _traces(name: str):
@@ -22,7 +23,7 @@ def _unique_stretches(t) -> np.ndarray:
     and the router's top-k, each stretch's GEMMs as a tuple of (kernel, CTAs) in start order, and the
     ops of the stretches whose tuple no other stretch has, less the cuts (no hashing)."""
     df = pd.DataFrame({"stream": t.ops.stream, "start": t.ops.start, "name": t.ops.name, "grid": t.ops.grid,
-                       "gemm": t.ops.gemm & (t.ops.kind != 1),
+                       "gemm": t.ops.gemm & (t.ops.kind != COMM),
                        "cut": t.ops_named(lambda n: collectives.DENSE_PART.search(n)
                                           or collectives.MOE_ROUTER.search(n))}).sort_values(["stream", "start"])
     df["stretch"] = (df["cut"] | (df["stream"] != df["stream"].shift())).cumsum()

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-
 import pandas as pd
 
 from . import collectives
@@ -44,22 +43,7 @@ def repeat_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share
     time before it that the thread's GEMM launches outside that phase take (their median: dense
     layers' GEMMs, whose shapes repeat); ``share`` of the excess goes. Threads with no GEMM
     launch outside the phase keep theirs."""
-    launch = t.ops.launch
-    gemm = t.ops.gemm & (launch >= 0)
-    inside = gemm & collectives.expert_phase(t, seg, groups)
-    if not inside.any():
-        return w
-    gap = w.c_gap.copy()
-    tid = t.calls.c_tid
-    mine_in, mine_out = launch[inside], launch[gemm & ~inside]
-    for th in np.unique(tid[mine_in]):
-        ref = mine_out[tid[mine_out] == th]
-        if not len(ref):
-            continue
-        calls = mine_in[tid[mine_in] == th]
-        excess = np.clip(gap[calls] - np.median(gap[ref]), 0, None)
-        gap[calls] -= (excess * share).astype(np.int64)
-    return replace(w, c_gap=gap)
+    return _at_most_outside(t, w, seg, groups, share, t.ops.gemm)
 
 
 def fixed_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share: float) -> Weights:
@@ -69,11 +53,18 @@ def fixed_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share:
     exactly, so no per-shape work is left: cuBLAS's workspace memsets before its GEMMs and the
     phase's elementwise kernels carried it too (call EA's padded twin, docs/replay.md). A launch
     whose kind never runs outside the phase keeps its time."""
+    return _at_most_outside(t, w, seg, groups, share, np.ones(t.n_ops, bool))
+
+
+def _at_most_outside(t: GpuTrace, w: Weights, seg, groups, share: float, which: np.ndarray) -> Weights:
+    """The launches of ops ``which`` inside the experts' phase cut to the median CPU time before
+    the thread's launches of the same kind (a GEMM, a memset, else the kernel's name) outside it."""
     launch = t.ops.launch
-    inside = (launch >= 0) & collectives.expert_phase(t, seg, groups)
+    launched = which & (launch >= 0)
+    inside = launched & collectives.expert_phase(t, seg, groups)
     if not inside.any():
         return w
-    outside = (launch >= 0) & ~inside
+    outside = launched & ~inside
     name = t.ops.name if t.ops.name is not None else np.zeros(t.n_ops, np.int64)
     kind = np.where(t.ops.gemm, -2, np.where(t.ops.kind == MEMSET, -3, name))
     tid = t.calls.c_tid

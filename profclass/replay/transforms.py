@@ -318,7 +318,7 @@ def _static_shapes(spec, point, traces, weights, ctx):
     work is even over the EP ranks (``balance``, where there are EP all-to-alls), and the
     dispatcher's token counts are known on the host, so its syncs made once a micro-batch no
     longer block (``unblock``)."""
-    out = _balance({**spec, "shapes": False}, point, traces, weights, ctx) or weights  # EP all-to-alls
+    out = _balance(spec, point, traces, weights, ctx) or weights  # even work where there are EP all-to-alls
     share = _pick(spec.get("recovered", 1.0), point)
     segs, groups = ctx.ep_segments or (None,) * len(traces), ctx.op_groups or (None,) * len(traces)
     out = [shapes.fixed_shapes(t, shapes.drop_loads(t, w, share), s, g, share)
