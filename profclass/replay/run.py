@@ -11,7 +11,7 @@ import numpy as np
 
 from ..classify import WALLS
 from . import calibrate, collectives, collector, critical_path, engine, pipeline_schedule, pipelined, scenario
-from . import span, transforms
+from . import routing, span, transforms
 from ..analyzers.host import PROBE_NS_CORPUS
 from ..fixes import request_parts
 from .constants import HOST_SPEED
@@ -46,6 +46,7 @@ class FixPrice:
     best_ms: float
     high_ms: float
     basis: str
+    trade_off: dict | None = None  # what the fix costs besides time, where it has a price outside the step
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,11 @@ class Replayer:
         return None if self.stages is None else pipeline_schedule.less_host(
             self.stages, pipelined.stage_saving(self, self.base, out))
 
+    @cached_property
+    def tokens_dropped(self) -> dict:
+        """Drop-and-pad's trade: the routed tokens capacity factor 1.0 drops, from the capture."""
+        return routing.dropped_tokens(self.traces, self.captured, self.ctx.ep_segments, self.ctx.op_groups)
+
     def replay(self, weights) -> scenario.Outcome:
         return scenario.run(self.graph, weights)
 
@@ -226,7 +232,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
         # traced run would show (the captured step, profiler kept), for pairs judged on traced windows
         traced = price_requests(r, also, table, traced=True)
-        section["requested"] = {i: {**vars(p), "traced": vars(traced[i]) if i in traced else None}
+        section["requested"] = {i: {**_as_json(p), "traced": _as_json(traced[i]) if i in traced else None}
                                 for i, p in prices.items() if i in also}
     missing = _missing(r) + [f"what-if {i}: not priced (no transform of it acts on this profile; fixes together: graph "
                              "fixes, or on a pipelined job graph fixes and schedule changes)" for i in also if i not in prices]
@@ -235,6 +241,11 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     if verdict_wall == "host" and len(r.traces) > 1 and r.calibration is None:
         missing.append(notes.untraced_caveat(section["untraced_step_ms"], measured))
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
+
+
+def _as_json(p: FixPrice) -> dict:
+    """A price as the JSON holds it: its trade-off only where the fix has one."""
+    return {k: v for k, v in vars(p).items() if k != "trade_off" or v is not None}
 
 
 def not_replayable(inp: ReplayInputs) -> str:
@@ -329,8 +340,9 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         spread = [g for g in (_graph_gain(r, specs, "best", w, o, st) for _, w, o, st in variants) if g is not None]
         lo, hi = min(*gains.values(), *spread), max(*gains.values(), *spread)
         basis = notes.fixes_basis(r, specs, stages, traced)
+        trade = r.tokens_dropped if any(s["kind"] == "static_shapes" for s in specs) else None
         prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
-                                                     basis + ("" if traced else _host_note(r)))
+                                                     basis + ("" if traced else _host_note(r)), trade)
     return prices
 
 
@@ -414,6 +426,6 @@ def priced(chosen: list[dict], prices: dict, step_ms: float) -> list[dict]:
         out.append({**f, "expected_gain_ms": p.best_ms,
                     "expected_gain_pct": round(100.0 * p.best_ms / step_ms, 1) if step_ms else None,
                     "gain_low_ms": p.low_ms, "gain_high_ms": p.high_ms, "gain_basis": p.basis,
-                    "gain_model": p.basis.split(": ", 1)[0]})
+                    "gain_model": p.basis.split(": ", 1)[0], **({"trade_off": p.trade_off} if p.trade_off else {})})
     out.sort(key=rank_key)
     return out
