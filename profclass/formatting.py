@@ -74,13 +74,25 @@ def layout_lines(d) -> list[str]:
     return out
 
 
+def trade_off_text(f: dict) -> str:
+    """What a fix gives up besides time (``fixes[].trade_off``), in words; '' where nothing."""
+    t = f.get("trade_off")
+    if not t:
+        return ""
+    if t.get("at_least_pct") is None:
+        return f"trade-off: {t['what']}, not measured on this profile"
+    return f"trade-off: {t['what']}, at least {t['at_least_pct']:.1f}% at the captured routing"
+
+
 def plan_steps(d) -> list[str]:
     """The fix plan as sentences: each fix, what it wins on top of the earlier ones, the step
-    after it, and the wall that comes next."""
+    after it, and the wall that comes next (and what the fix gives up besides time)."""
     # a plan step may be a fix of another wall than the listed ones' (one that undoes a pitfall)
     titles = {f["id"]: f["title"] for f in (*load_table(), *d.fixes)}
+    trades = {f["id"]: trade_off_text(f) for f in d.fixes}
     return [f"{titles.get(p['id'], p['id'])}: -{p['gain_ms']:.1f} ms -> step {p['step_ms_after']:.1f} ms, "
-            f"then the {p['wall_after']} wall" for p in (getattr(d, "plan", None) or [])]
+            f"then the {p['wall_after']} wall" + (f" ({trades[p['id']]})" if trades.get(p["id"]) else "")
+            for p in (getattr(d, "plan", None) or [])]
 
 
 def what_if_lines(d) -> list[str]:

@@ -9,8 +9,8 @@ from rich.table import Table
 from .classify import WALLS
 from .fixes import gain_text
 from .pitfalls import cost_text
-from .formatting import by_rank, layout_lines, md_cell, md_code, pct, plan_steps, replay_lines, waits_ms_per_step, \
-    what_if_lines
+from .formatting import by_rank, layout_lines, md_cell, md_code, pct, plan_steps, replay_lines, trade_off_text, \
+    waits_ms_per_step, what_if_lines
 from .kernels import collective_name
 from .pipeline import Diagnosis
 
@@ -67,7 +67,8 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
     if d.fixes:
         con.print("[bold]Fixes to try[/bold] (predicted gain, best estimate and range):")
         for i, f in enumerate(d.fixes, 1):
-            con.print(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   flags: {f['flags']}\n"
+            trade = f"\n   {trade_off_text(f)}" if f.get("trade_off") else ""
+            con.print(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   flags: {f['flags']}{trade}\n"
                       f"   why: {f['why']}\n   gain: {f['gain_basis']}")
     for p in d.pitfalls:
         con.print(f"[bold]Pitfall[/bold]: {p.get('rule', '')}: {p.get('message', '')}{cost_text(p)}")
@@ -134,7 +135,9 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
     if d.fixes:
         lines += ["", "### Fixes (predicted gain: best estimate and range)", ""]
         lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(f['flags'])}. {f['why']} "
-                  f"Gain: {md_cell(f['gain_basis'])}." for i, f in enumerate(d.fixes, 1)]
+                  f"Gain: {md_cell(f['gain_basis'])}."
+                  + (f" {md_cell(trade_off_text(f))}." if f.get("trade_off") else "")
+                  for i, f in enumerate(d.fixes, 1)]
     for p in d.pitfalls:
         lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}{md_cell(cost_text(p))}"]
     if d.evidence:

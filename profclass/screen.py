@@ -13,7 +13,7 @@ import textwrap
 
 from .classify import WALLS
 from .fixes import gain_text
-from .formatting import layout_lines, pct, plan_steps, replay_lines, shorten, what_if_lines
+from .formatting import layout_lines, pct, plan_steps, replay_lines, shorten, trade_off_text, what_if_lines
 from .pitfalls import cost_text
 
 # a terminal's first screen: 40 of the usual 45-50 rows, leaving the prompt and the command in view
@@ -86,7 +86,8 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
         blocks.append(("what if", [x for line in asked for x in wrap(line, "   ")]))
     for i, f in enumerate(d.fixes[:TOP_FIXES], 1):
         head = wrap(f"{i}. [{f['wall']}] {f['title']} ({gain_text(f)})", "   ")
-        blocks.append((f"fix {i}", head + wrap(f"   flags: {shorten(f['flags'], 2 * width - 12)}", "   ")))
+        trade = wrap(f"   {trade_off_text(f)}", "   ") if f.get("trade_off") else []
+        blocks.append((f"fix {i}", head + wrap(f"   flags: {shorten(f['flags'], 2 * width - 12)}", "   ") + trade))
     if d.fixes:
         blocks.insert(len(blocks) - min(len(d.fixes), TOP_FIXES),
                       ("fixes", [f"Fixes to try ({len(d.fixes)}; predicted gain, best estimate and range):"]))

@@ -7,7 +7,9 @@ experts together take the mean rank's load, and whatever a rank receives beyond 
 (more, where the experts inside a rank or the source ranks are uneven too). A rank's expert work
 between two EP all-to-alls (``collectives.expert_phase``) stands for its load: with each kernel
 costing a fixed part plus a part per token, the work is more even than the tokens, so the share
-read from it is a lower bound of the tokens dropped. No EP all-to-all (EP 1): the ranks' loads
+read from it is a lower bound of the tokens dropped. Only the phase's GEMMs count (their rows are
+its tokens; the gradient accumulation beside them is per weight), and every phase weighs the same
+(each routes one layer's micro-batch). No EP all-to-all (EP 1): the ranks' loads
 are not on the timeline, and nothing is claimed.
 """
 from __future__ import annotations
@@ -44,10 +46,11 @@ def dropped_tokens(traces, weights, ep_segments, op_groups) -> dict:
     share = np.where(present[:, keep], np.clip(w_k - mean, 0, None), 0.0).sum(axis=0) / w_k.sum(axis=0)
     pct = round(100.0 * float(share.mean()), 1)
     return {"what": WHAT, "at_least_pct": pct,
-            "basis": (f"the EP ranks' expert work between all-to-alls over {int(keep.sum())} experts' phases: what each "
-                      "rank computes above the phases' mean rank, over all of it (capacity 1.0 holds a rank to the "
-                      "mean load; a kernel's fixed cost evens the work out more than the tokens, and uneven experts "
-                      "inside a rank drop more, so the tokens dropped are at least this)")}
+            "basis": (f"the EP ranks' expert GEMM work in each of {int(keep.sum())} experts' phases (between EP "
+                      "all-to-alls): what the ranks compute above the phase's mean rank over the phase's whole, the "
+                      "phases' mean (capacity 1.0 holds a rank to the mean load; a kernel's fixed cost evens the "
+                      "work out more than the tokens, and uneven experts inside a rank drop more: the tokens "
+                      "dropped are at least this; docs/fixes.md, 'What drop-and-pad drops')")}
 
 
 def _unmeasured() -> dict:
