@@ -2,16 +2,25 @@
 with no EP all-to-all (``collectives.varying_stretches``), on committed captures."""
 from __future__ import annotations
 
+import math
+import re
+import tarfile
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from conftest import profile_path
 from profclass import diagnose
+from profclass.formatting import plan_steps, trade_off_text
 from profclass.replay import collectives, shapes
 from profclass.replay.run import replayer_of
 from profclass.replay.scenario import captured
 from profclass.replay.trace import COMM
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMERS = ROOT / "fixtures" / "timers.tar.xz"
 
 
 def _traces(name: str):
@@ -91,3 +100,71 @@ def test_fixed_shapes_cut_only_launches_inside_the_experts_phase_and_never_add()
     assert not cut[~allowed].any()
     # the GEMM launches' rule cuts a part of it
     assert (w.c_gap - shapes.repeat_shapes(t, w, None, None, 1.0).c_gap).sum() <= cut.sum()
+
+
+# ---- what capacity factor 1.0 drops: the fix's trade-off (replay/routing.py) ------------------------------
+ROUTING = re.compile(r"^ROUTING it=(\d+) call=(\d+) rank=(\d+) counts=([\d,]+)$", re.M)
+ROUTING_LOGS = {"fa_learned": "fa_learned.log", "fa_skew05": "fa_skew05.log", "fa_skew15": "fa_skew15.log",
+                "fb_e16_skew10": "fb_e16_skew10.log", "fb_aux0": "fb_aux0.log"}
+CAPTURED_STEPS = range(12, 16)  # the configs' trace_from..trace_to
+
+
+def _capacity_dropped_pct(text: str, steps) -> float:
+    """Megatron-Core's drop (apply_router_token_dropping) recomputed from the ROUTING lines: on each
+    source rank, each router call keeps ceil(tokens x top-k / experts) tokens per expert (a call's
+    counts sum to its tokens x top-k); the rest of each expert's count is dropped."""
+    dropped = routed = 0
+    for it, _, _, counts in ROUTING.findall(text):
+        if int(it) in steps:
+            c = np.array([int(x) for x in counts.split(",")])
+            cap = math.ceil(c.sum() / len(c))
+            dropped, routed = dropped + np.clip(c - cap, 0, None).sum(), routed + c.sum()
+    return 100.0 * dropped / routed
+
+
+@pytest.fixture(scope="module")
+def capacity_truth() -> dict[str, float]:
+    with tarfile.open(TIMERS, "r:xz") as tar:
+        return {k: _capacity_dropped_pct(tar.extractfile(f"fixtures/timers/s45/{v}").read().decode(), CAPTURED_STEPS)
+                for k, v in ROUTING_LOGS.items()}
+
+
+def _doc_rows() -> dict[str, tuple[float, float]]:
+    """docs/fixes.md's table: stage -> (bound profclass read from the export, dropped per the ROUTING lines)."""
+    text = (ROOT / "docs" / "fixes.md").read_text()
+    block = text.split("<!-- capacity-drops:begin -->")[1].split("<!-- capacity-drops:end -->")[0]
+    return {m[0]: (float(m[1]), float(m[2]))
+            for m in re.findall(r"^\| `(\w+)` \|[^|]*\| ([\d.]+) \| ([\d.]+) \|", block, re.M)}
+
+
+def test_the_documented_capacity_drops_are_the_routing_lines_and_every_bound_stays_below_them(capacity_truth):
+    """Calls FA and FB (docs/fixes.md, 'What drop-and-pad drops'): what capacity 1.0 drops, recomputed
+    from the packed job logs, is the table's, and profclass's bound, read from each stage's export
+    (FB's registered in docs/notes.md before the lines were read), is below it on all five stages."""
+    rows = _doc_rows()
+    assert set(rows) == set(ROUTING_LOGS)
+    for stage, (bound, documented) in rows.items():
+        assert documented == pytest.approx(capacity_truth[stage], abs=0.05), stage
+        assert 0 <= bound <= capacity_truth[stage], stage
+    registered = dict(re.findall(r"^\| FB\d `(\w+)` .*\| [0-9a-f]{16} \| ([\d.]+) \|$",
+                                 (ROOT / "docs" / "notes.md").read_text(), re.M))
+    assert set(registered) == {"fb_e16_skew10", "fb_aux0"}
+    assert all(float(v) == rows[k][0] for k, v in registered.items())
+
+
+def test_the_bound_reads_a_skewed_router_and_next_to_nothing_on_a_force_balanced_one():
+    """A router biased towards rank 0's experts (`imbalance_4gpu`) gives a bound many times a
+    force-balanced job's (`mcore_ep4_base`: every expert the same count, give or take sampling)."""
+    skewed, even = (diagnose(str(profile_path(n)), price_fixes=("moe_drop_and_pad",)).replay["requested"]
+                    ["moe_drop_and_pad"]["trade_off"]["at_least_pct"] for n in ("imbalance_4gpu", "mcore_ep4_base"))
+    assert skewed > 10 * even and even < 2
+
+
+def test_without_ep_all_to_alls_the_trade_off_is_named_and_not_measured(diagnosis):
+    """One GPU: the experts' loads are not on the timeline; the trade-off is still said, with no number."""
+    f = {x["id"]: x for x in diagnosis("compute_1gpu").fixes}["moe_drop_and_pad"]
+    assert f["trade_off"]["at_least_pct"] is None and f["trade_off"]["basis"].startswith("not measured")
+    assert trade_off_text(f) == "trade-off: routed tokens dropped at capacity factor 1.0, not measured on this profile"
+    d = diagnosis("imbalance_4gpu")
+    step = plan_steps(d)[[p["id"] for p in d.plan].index("moe_drop_and_pad")]
+    assert step.endswith(f"({trade_off_text({x['id']: x for x in d.fixes}['moe_drop_and_pad'])})")
