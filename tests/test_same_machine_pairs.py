@@ -2,9 +2,9 @@
 BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL, the thirty-sixth's BN and BP
 the thirty-seventh's BR, BT and BU, the thirty-eighth's BV, BW and BX, the thirty-ninth's CA, CB and CC
 the fortieth's CD, CE and CF, the forty-first's DA, DB and DC, the forty-second's DD, DE and DF and the
-forty-third's DG, DH, DI and DK and the forty-fourth's EA, EC and EE (docs/notes.md), judged again from their packed timer
-logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/, s35/, s36/, s37/, s38/, s39/, s40/, s41/, s42/, s43/ and
-s44/) by
+forty-third's DG, DH, DI and DK, the forty-fourth's EA, EC and EE and the forty-fifth's FC (docs/notes.md), judged
+again from their packed timer logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/, s35/, s36/, s37/, s38/, s39/,
+s40/, s41/, s42/, s43/, s44/ and s45/: its twins' ROUTING lines left out) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
 committed before the run) or from the prices the call wrote on its machine (AP, AQ), never from
@@ -45,8 +45,8 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "DE": "fixtures/timers/s42/",
         "DF": "fixtures/timers/s42/", "DG": "fixtures/timers/s43/", "DH": "fixtures/timers/s43/",
         "DI": "fixtures/timers/s43/", "DK": "fixtures/timers/s43/", "EA": "fixtures/timers/s44/",
-        "EC": "fixtures/timers/s44/", "EE": "fixtures/timers/s44/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "EC": "fixtures/timers/s44/", "EE": "fixtures/timers/s44/", "FC": "fixtures/timers/s45/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
@@ -76,7 +76,8 @@ RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3":
         "DI1": ("di", 6, 30), "DI2": ("di", 6, 30), "DJ1": ("dj", 6, 30), "DJ2": ("dj", 6, 30),
         "DK1": ("dk", 6, 30), "DK2": ("dk", 6, 30), "EA1": ("ea", 6, 30), "EA2": ("ea", 6, 30),
         "EB1": ("eb", 6, 30), "EC1": ("ec", 6, 30), "ED1": ("ed", 6, 30), "ED2": ("ed", 6, 30),
-        "EE1": ("ee", 6, 30), "EF1": ("ef", 6, 30)}
+        "EE1": ("ee", 6, 30), "EF1": ("ef", 6, 30), "FA1": ("fa", 6, 30), "FS1": ("fs", 6, 30),
+        "FS2": ("fs", 6, 30), "FN1": ("fn", 6, 30), "FE1": ("fe", 6, 30), "FE2": ("fe", 6, 30)}
 # calls BI, BJ, BL and BN register their bases by their capture (calls BH's and BM's exports); their twins
 # ran the capture's config
 BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_pp2_moe_rc",
@@ -90,7 +91,8 @@ BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_p
                "dh_base": "dd_ep2_learned", "di_base": "di_ep2_learned", "dj_base": "dj_ep2_learned",
                "dk_base": "dk_ep2_learned", "ea_base": "ea_moe1_learned", "eb_base": "eb_moe1_learned",
                "ec_base": "ec_pp2_learned", "ed_base": "ed_ep2_learned", "ee_base": "ee_pp2_learned",
-               "ef_base": "ef_ep2_learned"}
+               "ef_base": "ef_ep2_learned", "fa_learned": "fa_ep2_learned", "fa_skew15": "fa_ep2_skew15",
+               "fb_aux0": "fb_ep2_aux0", "fb_e16_skew10": "fb_ep2_e16_skew10"}
 # call BI's prices were written under the capture call's labels (bi_prices.json: BH1-BH7 are BI1-BI7)
 PRICE_LABEL = {f"BI{i}": f"BH{i}" for i in range(1, 8)}
 # candidates that ran twice the base's micro-batches a step, judged per the base's (registered "per 4")
@@ -111,7 +113,9 @@ def _read(name: str, call: str = "AP") -> str | None:
 
 def _registration(call: str) -> str:
     notes = (ROOT / "docs" / "notes.md").read_text()
-    heading = next(h for h in re.findall(r"^### (Call .*)$", notes, re.M) if h.startswith(f"Call {call}:"))
+    # one registration may hold two device calls' pairs ("Calls FC and FD: ...")
+    heading = next(h for h in re.findall(r"^### (Calls? .*)$", notes, re.M)
+                   if h.startswith((f"Call {call}:", f"Calls {call} and ")))
     return notes.split(f"### {heading}")[1].split("\n### ")[0]
 
 
@@ -154,7 +158,8 @@ def _judged(call: str) -> list[dict]:
     ("BV", 4, 4, 4), ("BW", 2, 2, 2), ("BX", 3, 3, 2), ("CA", 2, 0, 0), ("CB", 0, 0, 0),
     ("CC", 2, 2, 2), ("CD", 0, 0, 0), ("CE", 4, 4, 4), ("CF", 2, 2, 1), ("DA", 0, 0, 0), ("DB", 1, 1, 1),
     ("DC", 0, 0, 0), ("DD", 1, 1, 1), ("DE", 0, 0, 0), ("DF", 2, 2, 2), ("DG", 0, 0, 0), ("DH", 1, 0, 0),
-    ("DI", 0, 0, 0), ("DK", 2, 2, 1), ("EA", 0, 0, 0), ("EC", 3, 2, 2), ("EE", 0, 0, 0)])
+    ("DI", 0, 0, 0), ("DK", 2, 2, 1), ("EA", 0, 0, 0), ("EC", 3, 2, 2), ("EE", 0, 0, 0),
+    ("FC", 1, 1, 1)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -191,7 +196,7 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("DF", 2, ("df2",)), ("DG", 2, ("dg2",)),
                                                   ("DH", 1, ("dh2",)), ("DI", 4, ("di2",)),
                                                   ("DK", 2, ("dk2",)), ("EA", 3, ("ea2",)), ("EC", 3, ("ec2",)),
-                                                  ("EE", 2, ("ee2",))])
+                                                  ("EE", 2, ("ee2",)), ("FC", 6, ("fc", "fd"))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,
     whose UTC time precedes the start of each device call that ran the twins (a late price's, of
@@ -384,3 +389,13 @@ def test_call_ea_unmeasured_pairs_on_their_replicates_mean_as_the_notebook_repor
         [(True, False), (True, True), (False, False)]
     eb1 = judged["EB1"]
     assert min(eb1["per_run"]) > eb1["price"]["high_ms"] + 0.03 * eb1["step"]
+
+
+def test_call_fc_unmeasured_pairs_on_their_replicates_mean_as_the_notebook_reports():
+    """Calls FC and FD (host-paced EP 2 stages, learned routing): FN1 alone measured; on the
+    replicates' means all six inside their ranges and all but FA1 within target."""
+    judged = {j["label"]: j for j in _judged("FC")}
+    assert sorted(judged) == ["FA1", "FE1", "FE2", "FN1", "FS1", "FS2"]
+    assert [k for k, j in judged.items() if j["measured"]] == ["FN1"]
+    assert all(j["in_range"] for j in judged.values())
+    assert sorted(k for k, j in judged.items() if not j["within"]) == ["FA1"]
