@@ -108,7 +108,7 @@ def what_if_lines(d) -> list[str]:
     for ask, p in r["requested"].items():
         names = " + ".join(titles.get(fid, fid) for fid, _ in request_parts(ask))
         out.append(f"What if {names} ({ask}): -{p['best_ms']:.1f} ms/step [{p['low_ms']:.1f}, {p['high_ms']:.1f}] "
-                   f"-> step {start - p['best_ms']:.1f} ms")
+                   f"-> step {start - p['best_ms']:.1f} ms" + (f" ({trade_off_text(p)})" if p.get("trade_off") else ""))
     return out
 
 

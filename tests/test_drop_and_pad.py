@@ -13,7 +13,7 @@ import pytest
 
 from conftest import profile_path
 from profclass import diagnose
-from profclass.formatting import plan_steps, trade_off_text
+from profclass.formatting import plan_steps, trade_off_text, what_if_lines
 from profclass.replay import collectives, shapes
 from profclass.replay.run import replayer_of
 from profclass.replay.scenario import captured
@@ -155,9 +155,12 @@ def test_the_documented_capacity_drops_are_the_routing_lines_and_every_bound_sta
 def test_the_bound_reads_a_skewed_router_and_next_to_nothing_on_a_force_balanced_one():
     """A router biased towards rank 0's experts (`imbalance_4gpu`) gives a bound many times a
     force-balanced job's (`mcore_ep4_base`: every expert the same count, give or take sampling)."""
-    skewed, even = (diagnose(str(profile_path(n)), price_fixes=("moe_drop_and_pad",)).replay["requested"]
-                    ["moe_drop_and_pad"]["trade_off"]["at_least_pct"] for n in ("imbalance_4gpu", "mcore_ep4_base"))
+    asked = [diagnose(str(profile_path(n)), price_fixes=("moe_drop_and_pad",))
+             for n in ("imbalance_4gpu", "mcore_ep4_base")]
+    skewed, even = (d.replay["requested"]["moe_drop_and_pad"]["trade_off"]["at_least_pct"] for d in asked)
     assert skewed > 10 * even and even < 2
+    # --what-if says the trade beside the price
+    assert what_if_lines(asked[0])[0].endswith(f"at least {skewed:.1f}% at the captured routing)")
 
 
 def test_without_ep_all_to_alls_the_trade_off_is_named_and_not_measured(diagnosis):
