@@ -104,8 +104,7 @@ def test_fixed_shapes_cut_only_launches_inside_the_experts_phase_and_never_add()
 
 # ---- what capacity factor 1.0 drops: the fix's trade-off (replay/routing.py) ------------------------------
 ROUTING = re.compile(r"^ROUTING it=(\d+) call=(\d+) rank=(\d+) counts=([\d,]+)$", re.M)
-ROUTING_LOGS = {"fa_learned": "fa_learned.log", "fa_skew05": "fa_skew05.log", "fa_skew15": "fa_skew15.log",
-                "fb_e16_skew10": "fb_e16_skew10.log", "fb_aux0": "fb_aux0.log"}
+ROUTING_LOGS = ("fa_learned", "fa_skew05", "fa_skew15", "fb_e16_skew10", "fb_aux0", "ff_e16", "ff_top4", "ff_skew025")
 CAPTURED_STEPS = range(12, 16)  # the configs' trace_from..trace_to
 
 
@@ -125,30 +124,33 @@ def _capacity_dropped_pct(text: str, steps) -> float:
 @pytest.fixture(scope="module")
 def capacity_truth() -> dict[str, float]:
     with tarfile.open(TIMERS, "r:xz") as tar:
-        return {k: _capacity_dropped_pct(tar.extractfile(f"fixtures/timers/s45/{v}").read().decode(), CAPTURED_STEPS)
-                for k, v in ROUTING_LOGS.items()}
+        return {k: _capacity_dropped_pct(tar.extractfile(f"fixtures/timers/s45/{k}.log").read().decode(), CAPTURED_STEPS)
+                for k in ROUTING_LOGS}
 
 
-def _doc_rows() -> dict[str, tuple[float, float]]:
-    """docs/fixes.md's table: stage -> (bound profclass read from the export, dropped per the ROUTING lines)."""
+def _doc_rows() -> dict[str, tuple[float | None, float, float]]:
+    """docs/fixes.md's table: stage -> (bound registered before its lines were read, or None; bound
+    profclass reads at HEAD; dropped per the ROUTING lines)."""
     text = (ROOT / "docs" / "fixes.md").read_text()
     block = text.split("<!-- capacity-drops:begin -->")[1].split("<!-- capacity-drops:end -->")[0]
-    return {m[0]: (float(m[1]), float(m[2]))
-            for m in re.findall(r"^\| `(\w+)` \|[^|]*\| ([\d.]+) \| ([\d.]+) \|", block, re.M)}
+    return {m[0]: (None if m[1] == "-" else float(m[1]), float(m[2]), float(m[3]))
+            for m in re.findall(r"^\| `(\w+)` \|[^|]*\| (-|[\d.]+) \| ([\d.]+) \| ([\d.]+) \|", block, re.M)}
 
 
 def test_the_documented_capacity_drops_are_the_routing_lines_and_every_bound_stays_below_them(capacity_truth):
-    """Calls FA and FB (docs/fixes.md, 'What drop-and-pad drops'): what capacity 1.0 drops, recomputed
-    from the packed job logs, is the table's, and profclass's bound, read from each stage's export
-    (FB's registered in docs/notes.md before the lines were read), is below it on all five stages."""
+    """Calls FA, FB and FF (docs/fixes.md, 'What drop-and-pad drops'): what capacity 1.0 drops,
+    recomputed from the packed job logs, is the table's; profclass's bounds, read from each stage's
+    export at HEAD and registered (FB's and FF's, in docs/notes.md before their lines were read),
+    are below it on every stage."""
     rows = _doc_rows()
     assert set(rows) == set(ROUTING_LOGS)
-    for stage, (bound, documented) in rows.items():
+    for stage, (registered, bound, documented) in rows.items():
         assert documented == pytest.approx(capacity_truth[stage], abs=0.05), stage
         assert 0 <= bound <= capacity_truth[stage], stage
-    registered = dict(re.findall(r"^\| FB\d `(\w+)` .*\| [0-9a-f]{16} \| ([\d.]+) \|$",
-                                 (ROOT / "docs" / "notes.md").read_text(), re.M))
-    assert set(registered) == {"fb_e16_skew10", "fb_aux0"}
+        assert registered is None or 0 <= registered <= capacity_truth[stage], stage
+    notes = (ROOT / "docs" / "notes.md").read_text()
+    registered = dict(re.findall(r"^\| F[BF]\d `(\w+)` .*\| [0-9a-f]{16} \| ([\d.]+) \|$", notes, re.M))
+    assert set(registered) == {"fb_e16_skew10", "fb_aux0", "ff_e16", "ff_top4", "ff_skew025"}
     assert all(float(v) == rows[k][0] for k, v in registered.items())
 
 
