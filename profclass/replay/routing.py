@@ -2,15 +2,15 @@
 ``moe_drop_and_pad`` makes for its static shapes.
 
 Megatron-Core's capacity (``apply_router_token_dropping``) is ceil(tokens x top-k / experts x
-factor) per expert, applied on each source rank to its own tokens; at factor 1.0 an EP rank's
-experts together take the mean rank's load, and whatever a rank receives beyond it is dropped
-(more, where the experts inside a rank or the source ranks are uneven too). A rank's expert work
-between two EP all-to-alls (``collectives.expert_phase``) stands for its load: with each kernel
-costing a fixed part plus a part per token, the work is more even than the tokens, so the share
-read from it is a lower bound of the tokens dropped. Only the phase's GEMMs count (their rows are
-its tokens; the gradient accumulation beside them is per weight), and every phase weighs the same
-(each routes one layer's micro-batch). No EP all-to-all (EP 1): the ranks' loads
-are not on the timeline, and nothing is claimed.
+factor) per expert, applied on each source rank to its own tokens: at factor 1.0 each expert keeps
+the mean expert's load, and drops the rest. An expert's GEMM time in an experts' phase (between two
+EP all-to-alls, ``collectives.expert_phase``) stands for its load, where the phase's GEMMs split
+into the local experts (``_expert_work``); elsewhere each EP rank's total, whose experts together
+keep the mean rank's load. With each GEMM costing a fixed part plus a part per token (its rows),
+the work is more even than the tokens, and each source rank drops against its own capacity, which
+the destination totals do not show: the share read is a lower bound of the tokens dropped. The
+gradient accumulation beside the GEMMs is per weight and is left out; every phase weighs the same
+(each routes one layer's micro-batch). No EP all-to-all (EP 1): nothing is claimed.
 """
 from __future__ import annotations
 
