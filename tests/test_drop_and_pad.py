@@ -14,10 +14,10 @@ import pytest
 from conftest import profile_path
 from profclass import diagnose
 from profclass.formatting import plan_steps, trade_off_text, what_if_lines
-from profclass.replay import collectives, shapes
+from profclass.replay import collectives, routing, shapes
 from profclass.replay.run import replayer_of
 from profclass.replay.scenario import captured
-from profclass.replay.trace import COMM
+from profclass.replay.trace import COMM, COMPUTE
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMERS = ROOT / "fixtures" / "timers.tar.xz"
@@ -104,7 +104,8 @@ def test_fixed_shapes_cut_only_launches_inside_the_experts_phase_and_never_add()
 
 # ---- what capacity factor 1.0 drops: the fix's trade-off (replay/routing.py) ------------------------------
 ROUTING = re.compile(r"^ROUTING it=(\d+) call=(\d+) rank=(\d+) counts=([\d,]+)$", re.M)
-ROUTING_LOGS = ("fa_learned", "fa_skew05", "fa_skew15", "fb_e16_skew10", "fb_aux0", "ff_e16", "ff_top4", "ff_skew025")
+ROUTING_LOGS = ("fa_learned", "fa_skew05", "fa_skew15", "fb_e16_skew10", "fb_aux0",
+                "ff_e16", "ff_top4", "ff_skew025")
 CAPTURED_STEPS = range(12, 16)  # the configs' trace_from..trace_to
 
 
@@ -173,3 +174,39 @@ def test_without_ep_all_to_alls_the_trade_off_is_named_and_not_measured(diagnosi
     d = diagnosis("imbalance_4gpu")
     step = plan_steps(d)[[p["id"] for p in d.plan].index("moe_drop_and_pad")]
     assert step.endswith(f"({trade_off_text({x['id']: x for x in d.fixes}['moe_drop_and_pad'])})")
+
+
+def test_per_expert_reading_splits_phases_two_and_four_gemms_an_expert_and_never_reads_less_than_the_ranks():
+    """On a Megatron-Core EP 4 capture with learned routing (local experts as their own GEMMs): the
+    phases split into experts two GEMMs apiece forward and four backward (recomputed here by a plain
+    walk over each phase's GEMMs), and per phase the experts' share above their mean is at least
+    the ranks' (an expert's excess can only add, never cancel, inside its rank)."""
+    r = replayer_of(diagnose(str(profile_path("mcore_ep4_unbalanced")), keep_replay=True).extra.replay_inputs)
+    seg, groups = r.ctx.ep_segments, r.ctx.op_groups
+    frames = []
+    for gi, (t, w, s) in enumerate(zip(r.traces, r.captured, seg)):
+        sel = collectives.expert_phase(t, s, groups[gi]) & (t.ops.kind == COMPUTE) & (s >= 0) & t.ops.gemm
+        frames.append(routing._expert_work(t, w, s, sel, gi))
+        phases: dict[int, list[int]] = {}
+        for i in sorted(np.flatnonzero(sel), key=lambda i: (s[i], t.ops.start[i])):
+            phases.setdefault(int(s[i]), []).append(int(w.op_dur[i]))
+        sizes = sorted({len(v) for v in phases.values()})
+        c = max((n for n in sizes if n % 2 == 0 and 2 * n in sizes),
+                key=lambda n: sum(len(v) in (n, 2 * n) for v in phases.values()))
+        walked: dict[tuple[int, int], int] = {}
+        for k, v in phases.items():
+            for j, d in enumerate(v if len(v) in (c, 2 * c) else ()):
+                key = (k, j // (2 if len(v) == c else 4))
+                walked[key] = walked.get(key, 0) + d
+        got = frames[-1].groupby(["seg", "expert"])["work"].sum()
+        assert {(int(a), int(b)): int(x) for (a, b), x in got.items()} == walked
+        assert c >= 4  # EP 4 of 8 experts or more: two local experts at least
+    work = np.array([np.bincount(s[(s >= 0)], weights=np.where(
+        collectives.expert_phase(t, s, groups[gi]) & (t.ops.kind == COMPUTE) & t.ops.gemm, w.op_dur, 0)[(s >= 0)],
+        minlength=max(int(x.max()) for x in seg) + 1) for gi, (t, w, s) in enumerate(zip(r.traces, r.captured, seg))])
+    ranks = (work > 0).sum(axis=0)
+    by_expert, resolved = routing._expert_shares(pd.concat(frames), ranks)
+    by_rank = np.clip(work - work.sum(axis=0) / np.maximum(ranks, 1), 0, None).sum(axis=0) / np.maximum(work.sum(0), 1)
+    assert resolved.sum() > (ranks >= 2).sum() // 2  # most experts' phases split
+    assert (by_expert[resolved] >= by_rank[resolved] - 1e-9).all()
+    assert (by_expert[resolved] > by_rank[resolved] + 1e-3).any()
