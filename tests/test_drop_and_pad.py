@@ -125,8 +125,8 @@ def _capacity_dropped_pct(text: str, steps) -> float:
 @pytest.fixture(scope="module")
 def capacity_truth() -> dict[str, float]:
     with tarfile.open(TIMERS, "r:xz") as tar:
-        return {k: _capacity_dropped_pct(tar.extractfile(f"fixtures/timers/s45/{k}.log").read().decode(), CAPTURED_STEPS)
-                for k in ROUTING_LOGS}
+        logs = {k: tar.extractfile(f"fixtures/timers/s45/{k}.log").read().decode() for k in ROUTING_LOGS}
+    return {k: _capacity_dropped_pct(text, CAPTURED_STEPS) for k, text in logs.items()}
 
 
 def _doc_rows() -> dict[str, tuple[float | None, float, float]]:
