@@ -121,7 +121,7 @@ def _scale(spec, point, traces, weights, ctx):
                                op_dur=np.where(sel, (w.op_dur * f).astype(np.int64), w.op_dur)))
         else:
             out.append(replace(w, op_dur=np.where(sel, (w.op_dur * f).astype(np.int64), w.op_dur)))
-    if hit and spec.get("unblock") == "small_d2h":
+    if hit and spec.get("unblock") == "token_counts":  # the dispatcher's token-count waits (``_unblock``)
         out = _unblock(spec, point, traces, out, ctx)
     return out if hit else None
 
