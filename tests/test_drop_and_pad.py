@@ -105,7 +105,7 @@ def test_fixed_shapes_cut_only_launches_inside_the_experts_phase_and_never_add()
 # ---- what capacity factor 1.0 drops: the fix's trade-off (replay/routing.py) ------------------------------
 ROUTING = re.compile(r"^ROUTING it=(\d+) call=(\d+) rank=(\d+) counts=([\d,]+)$", re.M)
 ROUTING_LOGS = ("fa_learned", "fa_skew05", "fa_skew15", "fb_e16_skew10", "fb_aux0",
-                "ff_e16", "ff_top4", "ff_skew025")
+                "ff_e16", "ff_top4", "ff_skew025", "fg_bal_small", "fg_bal", "fg_bal_e16")
 CAPTURED_STEPS = range(12, 16)  # the configs' trace_from..trace_to
 
 
@@ -139,7 +139,7 @@ def _doc_rows() -> dict[str, tuple[float | None, float, float]]:
 
 
 def test_the_documented_capacity_drops_are_the_routing_lines_and_every_bound_stays_below_them(capacity_truth):
-    """Calls FA, FB and FF (docs/fixes.md, 'What drop-and-pad drops'): what capacity 1.0 drops,
+    """Calls FA, FB, FF and FG (docs/fixes.md, 'What drop-and-pad drops'): what capacity 1.0 drops,
     recomputed from the packed job logs, is the table's; profclass's bounds, read from each stage's
     export at HEAD and registered (FB's and FF's, in docs/notes.md before their lines were read),
     are below it on every stage."""
