@@ -141,6 +141,17 @@ def segments(traces: list[GpuTrace], instances: list, group: str) -> list[np.nda
 DENSE_PART = re.compile(ATTENTION.pattern + r"|softmax", re.I)
 
 
+def segment_work(traces, weights, segs, select) -> np.ndarray:
+    """Per GPU (rows), per ``segments`` phase (columns): the time of the ops ``select(gi, t, seg)``
+    picks in it, ns; no columns where no GPU has a phase."""
+    n = max((int(s.max()) for s in segs if len(s)), default=-1) + 1
+    work = np.zeros((len(traces), max(n, 0)))
+    for gi, (t, w, s) in enumerate(zip(traces, weights, segs)):
+        sel = select(gi, t, s) & (s >= 0)
+        work[gi] = np.bincount(s[sel], weights=w.op_dur[sel], minlength=n)[:n]
+    return work
+
+
 def expert_phase(t: GpuTrace, seg: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
     """Per op: inside a MoE layer's expert phase, where a dropless job's token counts change the
     shapes from step to step: an EP collective, or an op in a phase between EP all-to-alls

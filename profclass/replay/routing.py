@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .collectives import expert_phase
+from .collectives import expert_phase, segment_work
 from .trace import COMPUTE
 
 WHAT = "routed tokens dropped at capacity factor 1.0"
@@ -27,16 +27,12 @@ def dropped_tokens(traces, weights, ep_segments, op_groups) -> dict:
     """``{what, at_least_pct, basis}``: the share of the routed tokens capacity factor 1.0 would
     drop, at least (None where the trace holds no EP ranks to compare)."""
     segs = ep_segments or ()
-    n = max((int(s.max()) for s in segs if len(s)), default=-1) + 1
-    if len(traces) < 2 or n <= 0:
+    if len(traces) < 2 or not any(len(s) and s.max() >= 0 for s in segs):
         return _unmeasured()
-    work = np.zeros((len(traces), n))
-    experts = []
-    for gi, (t, w, s) in enumerate(zip(traces, weights, segs)):
-        groups = op_groups[gi] if op_groups and gi < len(op_groups) else None
-        sel = expert_phase(t, s, groups) & (t.ops.kind == COMPUTE) & (s >= 0) & t.ops.gemm
-        work[gi] = np.bincount(s[sel], weights=w.op_dur[sel], minlength=n)[:n]
-        experts.append(_expert_work(t, w, s, sel, gi))
+    sels = [expert_phase(t, s, op_groups[gi] if op_groups and gi < len(op_groups) else None)
+            & (t.ops.kind == COMPUTE) & (s >= 0) & t.ops.gemm for gi, (t, s) in enumerate(zip(traces, segs))]
+    work = segment_work(traces, weights, segs, lambda gi, t, s: sels[gi])
+    experts = [_expert_work(t, w, s, sel, gi) for gi, (t, w, s, sel) in enumerate(zip(traces, weights, segs, sels))]
     present = work > 0
     ranks = present.sum(axis=0)
     keep = ranks >= 2  # an experts' phase run by two ranks or more: their loads share one capacity

@@ -282,13 +282,9 @@ def _balance(spec, point, traces, weights, ctx):
         return None
     share = _pick(spec.get("recovered", 1.0), point)
     seg = ctx.ep_segments
-    n = max((int(s.max()) for s in seg if len(s)), default=-1) + 1
-    if n <= 0:
+    sums = collectives.segment_work(traces, weights, seg, lambda gi, t, s: t.ops.kind == COMPUTE)
+    if not sums.shape[1]:
         return None
-    sums = np.zeros((len(traces), n))
-    for gi, (t, w, s) in enumerate(zip(traces, weights, seg)):
-        sel = (t.ops.kind == COMPUTE) & (s >= 0)
-        np.add.at(sums[gi], s[sel], w.op_dur[sel])
     present = sums > 0
     mean = np.where(present.any(axis=0), sums.sum(axis=0) / np.maximum(present.sum(axis=0), 1), 0)
     if not (sums > mean * 1.02).any() and not spec.get("host"):
