@@ -5,6 +5,8 @@ opens inside is its from its start; a call still blocked when it closes ends at 
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -17,6 +19,11 @@ from .constants import QUEUE_FULL_SHARE, QUEUE_MIN_DEPTH, THREAD_WAIT_NS
 
 # call kinds
 LAUNCH, SYNC, ALLOC, OTHER = 0, 1, 2, 3
+# frees that wait for the device before they return: cudaFree synchronizes implicitly (the CUDA
+# runtime's documented behaviour, which PyTorch's caching allocator pays in empty_cache); a free
+# that waited is a device sync, not CPU time (call GA: the first cudaFree of an empty_cache
+# returned 157 ms after its call, when the GPU drained)
+FREE_SYNC_CALLS = re.compile(r"^(cudaFree(?!Async)|cudaFreeHost|cuMemFree(?!Async)|cuMemFreeHost)")
 
 
 def window_calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
@@ -90,7 +97,8 @@ def call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, hi
     # a kernel load that returned with the device drained waited for it, as a device sync does
     # (cuBLAS's first launch of a kernel: docs/replay.md, "Kernel loads"); shorter ones are CPU time
     kind = np.where((load > 0) & (kind == OTHER) & _drained(ce, start, end), SYNC, kind).astype(np.int8)
-    target, wake, dur = _blocking(cs, ce, kind, start, end, launch)
+    frees = (kind == ALLOC) & np.asarray(name_matches(calls["name"], FREE_SYNC_CALLS), bool) if m else kind == ALLOC
+    target, wake, dur = _blocking(cs, ce, kind, start, end, launch, frees)
     load_waits = (load > 0) & (target >= 0)
     rec_calls = _recomputed_calls(cs, ce, launch, recomputed)
     # calls that neither launch, block nor allocate are CPU time like any other: folded into
@@ -116,9 +124,9 @@ def _call_kinds(names, launch, m) -> np.ndarray:
     return kind
 
 
-def _blocking(cs, ce, kind, start, end, launch):
-    """(target, wake, own duration) per call: a sync call, a copy call whose copy ended inside
-    it, or a launch made while the GPU's launch queue was full (``_queue_full``), blocked on the
+def _blocking(cs, ce, kind, start, end, launch, frees):
+    """(target, wake, own duration) per call: a sync call, a free (``frees``: an implicit device
+    sync), a copy call whose copy ended inside it, or a launch made while the GPU's launch queue was full (``_queue_full``), blocked on the
     GPU until the op whose end released it (the latest op end inside the call) ended; its own
     time is then what it took beyond that, up to the wake cap."""
     m = len(cs)
@@ -130,7 +138,7 @@ def _blocking(cs, ce, kind, start, end, launch):
     if len(launch):
         lk = launch >= 0
         own_copy[launch[lk]] = end[lk] <= ce[launch[lk]]
-    blocking = waited & ((kind == SYNC) | own_copy | ((kind == LAUNCH) & _queue_full(cs, start, end, launch)))
+    blocking = waited & ((kind == SYNC) | frees | own_copy | ((kind == LAUNCH) & _queue_full(cs, start, end, launch)))
     target = np.where(blocking, cand, -1)
     # kept as measured: a return long after the awaited op's end (the host thread descheduled,
     # a wait the call hid) is real time the step keeps; beyond the wake cap it is reported as

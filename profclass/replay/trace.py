@@ -183,8 +183,10 @@ def build(gpu: GpuTimeline, sync_events: pd.DataFrame | None, recomputes: bool =
     remap = c.pop("remap")
     launch = np.where(launch >= 0, remap[np.clip(launch, 0, None)] if len(remap) else -1, -1)
     measured_end = int(max(end.max(initial=lo), calls["start"].to_numpy(np.int64).max(initial=lo)))
-    # a kernel load's time after the drain it waited for is the load's own work, not a late wake
-    unexplained += int(np.clip(c["c_wake"] - LATENCY_CAPS["wake"], 0, None)[~c["c_load_waits"]].sum())
+    # a kernel load's time after the drain it waited for is the load's own work, not a late wake;
+    # so is a free's (the memory unmapped once the device drained)
+    own_work = c["c_load_waits"] | (c["c_kind"] == ALLOC)
+    unexplained += int(np.clip(c["c_wake"] - LATENCY_CAPS["wake"], 0, None)[~own_work].sum())
     h = {k: c.pop(k) for k in ("h_src", "h_dst", "h_lag")}
     name_code, names = name_codes(ops["full_name"])
     return GpuTrace(

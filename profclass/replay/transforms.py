@@ -247,6 +247,7 @@ def _unblock(spec, point, traces, weights, ctx):
         small = np.zeros(len(tg), bool)
         ok = tg >= 0
         small[ok] = (t.ops.kind[tg[ok]] == COPY) & (t.ops.dur[tg[ok]] < 50_000)
+        small &= t.calls.c_kind != ALLOC  # a free's implicit device sync is no token-count wait
         once = microbatch.per_step_calls(t)
         if once.any():  # none marked: the micro-batches cannot be told from the step's own work
             # a sync that awaits a collective is no token-count wait (PP's batched send/recv sync)
@@ -376,7 +377,9 @@ def _ep_transfer_factor(traces, ctx, ratio: np.ndarray, share: float) -> list[np
 def _drop_allocs(spec, point, traces, weights, ctx):
     if not any((t.calls.c_kind == ALLOC).any() for t in traces):
         return None
-    return [replace(w, c_dur=np.where(t.calls.c_kind == ALLOC, 0, w.c_dur)) for t, w in zip(traces, weights)]
+    # an allocation call that no longer happens takes no time, and a free no longer waits for the device
+    return [replace(w, c_dur=np.where(t.calls.c_kind == ALLOC, 0, w.c_dur),
+                    c_blocks=w.c_blocks & (t.calls.c_kind != ALLOC)) for t, w in zip(traces, weights)]
 
 
 def _drop_offload(spec, point, traces, weights, ctx):
