@@ -2,9 +2,9 @@
 BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL, the thirty-sixth's BN and BP
 the thirty-seventh's BR, BT and BU, the thirty-eighth's BV, BW and BX, the thirty-ninth's CA, CB and CC
 the fortieth's CD, CE and CF, the forty-first's DA, DB and DC, the forty-second's DD, DE and DF and the
-forty-third's DG, DH, DI and DK, the forty-fourth's EA, EC and EE and the forty-fifth's FC (docs/notes.md), judged
-again from their packed timer logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/, s35/, s36/, s37/, s38/, s39/,
-s40/, s41/, s42/, s43/, s44/ and s45/: its twins' ROUTING lines left out) by
+forty-third's DG, DH, DI and DK, the forty-fourth's EA, EC and EE, the forty-fifth's FC and the forty-sixth's GA
+(docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/,
+s35/, s36/, s37/, s38/, s39/, s40/, s41/, s42/, s43/, s44/, s45/: its twins' ROUTING lines left out, and s46/) by
 fixtures/workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
 committed before the run) or from the prices the call wrote on its machine (AP, AQ), never from
@@ -45,8 +45,9 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "DE": "fixtures/timers/s42/",
         "DF": "fixtures/timers/s42/", "DG": "fixtures/timers/s43/", "DH": "fixtures/timers/s43/",
         "DI": "fixtures/timers/s43/", "DK": "fixtures/timers/s43/", "EA": "fixtures/timers/s44/",
-        "EC": "fixtures/timers/s44/", "EE": "fixtures/timers/s44/", "FC": "fixtures/timers/s45/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+        "EC": "fixtures/timers/s44/", "EE": "fixtures/timers/s44/", "FC": "fixtures/timers/s45/",
+        "GA": "fixtures/timers/s46/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|GA\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20
@@ -77,7 +78,8 @@ RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3":
         "DK1": ("dk", 6, 30), "DK2": ("dk", 6, 30), "EA1": ("ea", 6, 30), "EA2": ("ea", 6, 30),
         "EB1": ("eb", 6, 30), "EC1": ("ec", 6, 30), "ED1": ("ed", 6, 30), "ED2": ("ed", 6, 30),
         "EE1": ("ee", 6, 30), "EF1": ("ef", 6, 30), "FA1": ("fa", 6, 30), "FS1": ("fs", 6, 30),
-        "FS2": ("fs", 6, 30), "FN1": ("fn", 6, 30), "FE1": ("fe", 6, 30), "FE2": ("fe", 6, 30)}
+        "FS2": ("fs", 6, 30), "FN1": ("fn", 6, 30), "FE1": ("fe", 6, 30), "FE2": ("fe", 6, 30),
+        "GA1": ("ga", 6, 30), "GA2": ("ga", 6, 30), "GA3": ("ga", 6, 30), "GA4": ("ga", 6, 30)}
 # calls BI, BJ, BL and BN register their bases by their capture (calls BH's and BM's exports); their twins
 # ran the capture's config
 BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_pp2_moe_rc",
@@ -92,7 +94,9 @@ BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_p
                "dk_base": "dk_ep2_learned", "ea_base": "ea_moe1_learned", "eb_base": "eb_moe1_learned",
                "ec_base": "ec_pp2_learned", "ed_base": "ed_ep2_learned", "ee_base": "ee_pp2_learned",
                "ef_base": "ef_ep2_learned", "fa_learned": "fa_ep2_learned", "fa_skew15": "fa_ep2_skew15",
-               "fb_aux0": "fb_ep2_aux0", "fb_e16_skew10": "fb_ep2_e16_skew10"}
+               "fb_aux0": "fb_ep2_aux0", "fb_e16_skew10": "fb_ep2_e16_skew10",
+               "ga_dp2": "ga_dp2_rc_emc1", "ga_ep2": "ga_ep2_rc_emc2", "ga_pp2": "ga_pp2_norc_emc1",
+               "ga_small": "ga_ep2_small_emc2"}
 # call BI's prices were written under the capture call's labels (bi_prices.json: BH1-BH7 are BI1-BI7)
 PRICE_LABEL = {f"BI{i}": f"BH{i}" for i in range(1, 8)}
 # candidates that ran twice the base's micro-batches a step, judged per the base's (registered "per 4")
@@ -159,7 +163,7 @@ def _judged(call: str) -> list[dict]:
     ("CC", 2, 2, 2), ("CD", 0, 0, 0), ("CE", 4, 4, 4), ("CF", 2, 2, 1), ("DA", 0, 0, 0), ("DB", 1, 1, 1),
     ("DC", 0, 0, 0), ("DD", 1, 1, 1), ("DE", 0, 0, 0), ("DF", 2, 2, 2), ("DG", 0, 0, 0), ("DH", 1, 0, 0),
     ("DI", 0, 0, 0), ("DK", 2, 2, 1), ("EA", 0, 0, 0), ("EC", 3, 2, 2), ("EE", 0, 0, 0),
-    ("FC", 1, 1, 1)])
+    ("FC", 1, 1, 1), ("GA", 3, 3, 3)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -196,7 +200,8 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("DF", 2, ("df2",)), ("DG", 2, ("dg2",)),
                                                   ("DH", 1, ("dh2",)), ("DI", 4, ("di2",)),
                                                   ("DK", 2, ("dk2",)), ("EA", 3, ("ea2",)), ("EC", 3, ("ec2",)),
-                                                  ("EE", 2, ("ee2",)), ("FC", 6, ("fc", "fd"))])
+                                                  ("EE", 2, ("ee2",)), ("FC", 6, ("fc", "fd")),
+                                                  ("GA", 4, ("ga2", "ga3"))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,
     whose UTC time precedes the start of each device call that ran the twins (a late price's, of
@@ -399,3 +404,16 @@ def test_call_fc_unmeasured_pairs_on_their_replicates_mean_as_the_notebook_repor
     assert [k for k, j in judged.items() if j["measured"]] == ["FN1"]
     assert all(j["in_range"] for j in judged.values())
     assert sorted(k for k, j in judged.items() if not j["within"]) == ["FA1"]
+
+
+def test_call_ga_allocator_churn_measured_within_target_and_low():
+    """Call GA (Megatron-LM's --empty-unused-memory-level, from a config): the three GPU-bound stages
+    measured, each inside its range and within target, and each realized gain above its price (the
+    transform keeps the allocator's CPU time between its calls, as registered: "leans low"); the
+    host-paced stage's base runs 27% apart."""
+    judged = {j["label"]: j for j in _judged("GA")}
+    assert sorted(judged) == ["GA1", "GA2", "GA3", "GA4"]
+    measured = {k: j for k, j in judged.items() if j.get("measured")}
+    assert sorted(measured) == ["GA1", "GA2", "GA3"]
+    best = {label: _row_price(label, rest, "GA")["best_ms"] for label, _, _, rest in ROW.findall(_registration("GA"))}
+    assert all(j["in_range"] and j["within"] and j["realized"] > best[k] for k, j in measured.items())
