@@ -113,9 +113,10 @@ def test_full_recompute_with_headroom_on_real_profiles(diagnosis):
 
 
 def _built(tmp_path, args, env=None, gpu="NVIDIA H100 80GB HBM3", recompute=False, peak_share=None,
-           kernels_extra=(), op_ranges=0):
+           kernels_extra=(), op_ranges=0, frees=0, mallocs=0):
     """A two-iteration single-GPU export with a captured command line (``op_ranges``: that many
-    emit_nvtx-style op ranges per iteration, 1 us each, 2 us apart)."""
+    emit_nvtx-style op ranges per iteration, 1 us each, 2 us apart; ``frees`` and ``mallocs``:
+    cudaFree and cudaMalloc calls of 20 us at the end of each iteration, as an emptying makes)."""
     b = NsysExportBuilder(tmp_path / "run.sqlite")
     b.add_gpu(0, name=gpu, total_memory=80 * 2**30)
     b.add_meta_command(["python3", "pretrain_gpt.py", *args], env=env)
@@ -132,6 +133,10 @@ def _built(tmp_path, args, env=None, gpu="NVIDIA H100 80GB HBM3", recompute=Fals
         for name in kernels_extra:
             b.add_kernel(t, t + 10_000, name, launch=(t - 5_000, t - 1_000))
             t += 20_000
+        for name, n in (("cudaFree_v3020", frees), ("cudaMalloc_v3020", mallocs)):
+            for _ in range(n):
+                b.add_runtime(name, t, t + 20_000)
+                t += 30_000
         for i in range(op_ranges):
             b.add_nvtx(f"aten::view, seq = {i}, op_id = {it * op_ranges + i}", start + 3_000 * i,
                        start + 3_000 * i + 1_000)
@@ -183,6 +188,9 @@ CASES = {
             "void at::native::elementwise_kernel<(int)128, (int)4, void at::native::gpu_kernel_impl_nocast<"
             "at::native::<unnamed>::silu_kernel(at::TensorIteratorBase &)>(int, T3)"]),
         dict(args=["--bias-activation-fusion"], kernels_extra=["triton_poi_fused_mul_silu_split_0"])),
+    # torch.cuda.empty_cache() every step (--empty-unused-memory-level 1): frees and mallocs each
+    # iteration, against allocations alone (shapes that grow, no block handed back)
+    "allocator_churn_every_step": (dict(args=[], frees=3, mallocs=3), dict(args=[], mallocs=3)),
 }
 
 

@@ -57,3 +57,24 @@ def test_dropping_the_allocator_calls_takes_their_waits_too(churn):
         # nothing else moves: the other calls keep their time and their waits
         base = captured(t)
         assert (w.c_dur[~alloc] == base.c_dur[~alloc]).all() and (w.c_blocks[~alloc] == base.c_blocks[~alloc]).all()
+
+
+def test_an_emptying_every_step_is_a_pitfall_priced_by_the_replay(churn):
+    """memory_1gpu empties the cache at the end of every step: its frees are counted a step at least
+    once on its GPU, and the pitfall's cost is memory_allocator_churn's replayed price."""
+    (dev,) = churn.devices
+    assert dev["features"]["free_calls"] >= dev["features"]["iterations"]
+    assert dev["features"]["free_calls"] <= dev["features"]["alloc_calls"]
+    (p,) = [p for p in churn.pitfalls if p["rule"] == "allocator_churn_every_step"]
+    fix = next(f for f in churn.fixes if f["id"] == "memory_allocator_churn")
+    assert p["cost_ms_per_step"] == pytest.approx(fix["expected_gain_ms"], abs=0.011)
+    assert p["cost_basis"].startswith("replay:drop_allocs")
+
+
+def test_a_lone_allocation_is_no_churn():
+    """mcore_memwall_full allocates once inside its window (a cudaMalloc, no free): allocator idle,
+    but no emptying, so no pitfall."""
+    d = _diagnosis("mcore_memwall_full")
+    assert all(dev["features"]["free_calls"] == 0 for dev in d.devices)
+    assert any(dev["features"]["alloc_calls"] > 0 for dev in d.devices)
+    assert not [p for p in d.pitfalls if p["rule"] == "allocator_churn_every_step"]

@@ -27,6 +27,9 @@ ALLOC_CALLS = re.compile(r"^(cudaMalloc(?!Async)|cudaFree(?!Async)|cudaMallocHos
                          r"cuMemFree(?!Async)|cuMemHostAlloc|cuMemFreeHost|cuMemCreate|cuMemRelease|"
                          r"cuMemMap|cuMemUnmap|cuMemAddressReserve|cuMemAddressFree|cuMemSetAccess|"
                          r"cudaHostRegister|cudaHostUnregister|cuMemHostRegister)")
+# frees that wait for the device before they return (cudaFree synchronizes implicitly): the
+# caching allocator's emptying (torch.cuda.empty_cache()) makes one a cached block
+FREE_CALLS = re.compile(r"^(cudaFree(?!Async)|cudaFreeHost|cuMemFree(?!Async)|cuMemFreeHost)")
 SYNC_CALLS = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|"
                         r"cudaThreadSynchronize|cuCtxSynchronize|cuStreamSynchronize|"
                         r"cuEventSynchronize|cudaMemcpy$|cudaMemcpy2D$|cuMemcpyDtoH|cuMemcpyHtoD$)")
@@ -116,6 +119,7 @@ def _host_calls(r: IdleResult, gpu: GpuTimeline):
     in_w = (alloc["start"] < hi) & (alloc["end"] > lo)
     r.alloc_calls = int(in_w.sum())
     r.alloc_call_ns = int((alloc["end"] - alloc["start"])[in_w].sum())
+    r.free_calls = int((in_w & name_matches(alloc["name"], FREE_CALLS)).sum())
     d2h = _blocking_copies(gpu.ops)
     sync_end = np.sort(np.r_[sync["end"].to_numpy(), d2h["launch_end"].to_numpy()])
     sw = (sync["start"] < hi) & (sync["end"] > lo)

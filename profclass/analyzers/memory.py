@@ -222,7 +222,9 @@ OFFLOAD_FLAGS = ("--cpu-offloading", "--optimizer-cpu-offload", "--cpu-offloadin
 
 def facts(job: Job, numbers: dict) -> dict:
     flags = job.flags
-    return dict(alloc_in_steady=numbers["idle_alloc_ms"] > 0,
+    frees = np.mean([r.analysis.idle.free_calls / max(r.iterations, 1) for r in job.records]) if job.records else 0.0
+    # an emptying a step at least: the allocator's blocks go back to the driver and come again
+    return dict(alloc_in_steady=numbers["idle_alloc_ms"] > 0, frees_every_step=bool(frees >= 1),
                 offload=(numbers["offload_ms"] > OFFLOAD_MIN_SHARE * job.step_ms
                          or (numbers["offload_ms"] > 0 and any(f in flags for f in OFFLOAD_FLAGS))))
 

@@ -5,25 +5,18 @@ opens inside is its from its start; a call still blocked when it closes ends at 
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
 from .. import intervals as iv
 from ..analyzers.host import GC_RANGES, kernel_load_ns
-from ..analyzers.idle import ALLOC_CALLS, SYNC_CALLS
+from ..analyzers.idle import ALLOC_CALLS, FREE_CALLS, SYNC_CALLS
 from ..analyzers.sets import contains_per_distinct, name_matches
 from ..timeline import GpuTimeline
 from .constants import QUEUE_FULL_SHARE, QUEUE_MIN_DEPTH, THREAD_WAIT_NS
 
 # call kinds
 LAUNCH, SYNC, ALLOC, OTHER = 0, 1, 2, 3
-# frees that wait for the device before they return: cudaFree synchronizes implicitly (the CUDA
-# runtime's documented behaviour, which PyTorch's caching allocator pays in empty_cache); a free
-# that waited is a device sync, not CPU time (call GA: the first cudaFree of an empty_cache
-# returned 157 ms after its call, when the GPU drained)
-FREE_SYNC_CALLS = re.compile(r"^(cudaFree(?!Async)|cudaFreeHost|cuMemFree(?!Async)|cuMemFreeHost)")
 
 
 def window_calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
@@ -97,7 +90,9 @@ def call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, hi
     # a kernel load that returned with the device drained waited for it, as a device sync does
     # (cuBLAS's first launch of a kernel: docs/replay.md, "Kernel loads"); shorter ones are CPU time
     kind = np.where((load > 0) & (kind == OTHER) & _drained(ce, start, end), SYNC, kind).astype(np.int8)
-    frees = (kind == ALLOC) & np.asarray(name_matches(calls["name"], FREE_SYNC_CALLS), bool) if m else kind == ALLOC
+    # a free that waited is a device sync, not CPU time (call GA: the first cudaFree of an emptying
+    # returned 157 ms after its call, when the GPU drained)
+    frees = (kind == ALLOC) & np.asarray(name_matches(calls["name"], FREE_CALLS), bool) if m else kind == ALLOC
     target, wake, dur = _blocking(cs, ce, kind, start, end, launch, frees)
     load_waits = (load > 0) & (target >= 0)
     rec_calls = _recomputed_calls(cs, ce, launch, recomputed)
@@ -124,7 +119,7 @@ def _call_kinds(names, launch, m) -> np.ndarray:
     return kind
 
 
-def _blocking(cs, ce, kind, start, end, launch, frees):
+def _blocking(cs, ce, kind, start, end, launch, frees=None):
     """(target, wake, own duration) per call: a sync call, a free (``frees``: an implicit device
     sync), a copy call whose copy ended inside it, or a launch made while the GPU's launch queue was full (``_queue_full``), blocked on the
     GPU until the op whose end released it (the latest op end inside the call) ended; its own
@@ -138,6 +133,7 @@ def _blocking(cs, ce, kind, start, end, launch, frees):
     if len(launch):
         lk = launch >= 0
         own_copy[launch[lk]] = end[lk] <= ce[launch[lk]]
+    frees = np.zeros(m, bool) if frees is None else frees
     blocking = waited & ((kind == SYNC) | frees | own_copy | ((kind == LAUNCH) & _queue_full(cs, start, end, launch)))
     target = np.where(blocking, cand, -1)
     # kept as measured: a return long after the awaited op's end (the host thread descheduled,
