@@ -78,3 +78,19 @@ def test_a_lone_allocation_is_no_churn():
     assert all(dev["features"]["free_calls"] == 0 for dev in d.devices)
     assert any(dev["features"]["alloc_calls"] > 0 for dev in d.devices)
     assert not [p for p in d.pitfalls if p["rule"] == "allocator_churn_every_step"]
+
+
+def test_diff_recognises_an_emptying_that_ended(churn):
+    """memory_1gpu (an emptying every step) -> memory_offload_1gpu (the same job without it and without
+    recompute): diff reads the churn's end off the frees (churn:gone) and prices it on the base;
+    the reverse pair starts one, which is no fix."""
+    from conftest import profile_path
+    from profclass.diff.compare import diff
+
+    r = diff(str(profile_path("memory_1gpu")), str(profile_path("memory_offload_1gpu")))
+    (row,) = [g for g in r.fix_gains if g["fix"] == "memory_allocator_churn"]
+    assert row["detected_by"] == "churn:gone"
+    listed = next(f for f in churn.fixes if f["id"] == "memory_allocator_churn")
+    assert row["predicted_gain_ms"] == pytest.approx(listed["expected_gain_ms"], abs=0.011)
+    back = diff(str(profile_path("memory_offload_1gpu")), str(profile_path("memory_1gpu")))
+    assert not [g for g in back.fix_gains if g["fix"] == "memory_allocator_churn"]

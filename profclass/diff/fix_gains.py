@@ -27,6 +27,8 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
                        from pinned memory on the candidate
     inputs:gpu         the base copies batches in from the host, the candidate none (built on the GPU), or
                        the base copies an attention mask with its batches, the candidate none
+    churn:gone         the base frees device memory at least once a step (``features.free_calls`` over
+                       its iterations, the GPUs' mean: an emptying every step), the candidate under once
 
 Where a flag is absent its value may come from the layout (``_LAYOUT_FLAGS``: the micro-batch
 count and VPP read off the timeline); where ``--micro-batch-size`` is, the rows a normalisation
@@ -117,7 +119,9 @@ def _timeline_signs(d) -> dict:
                 # the share of the DP reductions (overlap:dp) and parameter gathers (overlap:dp_gather)
                 # compute ran beside (``communication.beside_compute``)
                 dp=beside_compute(collectives, DP_REDUCTIONS), dp_gather=beside_compute(collectives, ("all_gather",)),
-                routing=_routing(d))  # balance:ep compares the two (``balanced_routing``)
+                routing=_routing(d),  # balance:ep compares the two (``balanced_routing``)
+                frees=float(np.mean([(dv["features"].get("free_calls") or 0) / max(dv["features"].get("iterations") or 1, 1)
+                                     for dv in d.devices])) if d.devices else 0.0)
 
 
 def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
@@ -150,6 +154,8 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
             return kb["pageable"] and kc["inputs"] and not kc["pageable"], 1.0
         if arg == "gpu":  # every batch, or its attention mask, now built on the GPU
             return kb["inputs"] and (not kc["inputs"] or (kb["masks"] and not kc["masks"])), 1.0
+    if kind == "churn":  # churn:gone, as memory.facts' frees_every_step
+        return kb["frees"] >= 1 > kc["frees"], 1.0
     raise ValueError(f"fixes.toml applied_when: unknown condition {cond!r}")
 
 
