@@ -48,7 +48,8 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "EC": "fixtures/timers/s44/", "EE": "fixtures/timers/s44/", "FC": "fixtures/timers/s45/",
         "GA": "fixtures/timers/s46/", "GB": "fixtures/timers/s46/",
         "GC": "fixtures/timers/s46/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d) `(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d) "
+                 r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
 # BB4 beside their own base runs (bb2_), its dense stage 24 (8..24); call BC's dense stage 20

@@ -120,8 +120,13 @@ def _timeline_signs(d) -> dict:
                 # compute ran beside (``communication.beside_compute``)
                 dp=beside_compute(collectives, DP_REDUCTIONS), dp_gather=beside_compute(collectives, ("all_gather",)),
                 routing=_routing(d),  # balance:ep compares the two (``balanced_routing``)
-                frees=float(np.mean([(dv["features"].get("free_calls") or 0) / max(dv["features"].get("iterations") or 1, 1)
-                                     for dv in d.devices])) if d.devices else 0.0)
+                frees=_frees_per_step(d))  # churn:gone
+
+
+def _frees_per_step(d) -> float:
+    """The GPUs' mean of device frees a step (``features.free_calls`` over the iterations)."""
+    per = [(dv["features"].get("free_calls") or 0) / max(dv["features"].get("iterations") or 1, 1) for dv in d.devices]
+    return float(np.mean(per)) if per else 0.0
 
 
 def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:

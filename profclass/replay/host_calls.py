@@ -92,7 +92,7 @@ def call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, hi
     kind = np.where((load > 0) & (kind == OTHER) & _drained(ce, start, end), SYNC, kind).astype(np.int8)
     # a free that waited is a device sync, not CPU time (call GA: the first cudaFree of an emptying
     # returned 157 ms after its call, when the GPU drained)
-    frees = (kind == ALLOC) & np.asarray(name_matches(calls["name"], FREE_CALLS), bool) if m else kind == ALLOC
+    frees = (kind == ALLOC) & np.asarray(name_matches(calls["name"], FREE_CALLS), bool)
     target, wake, dur = _blocking(cs, ce, kind, start, end, launch, frees)
     load_waits = (load > 0) & (target >= 0)
     rec_calls = _recomputed_calls(cs, ce, launch, recomputed)
@@ -121,9 +121,10 @@ def _call_kinds(names, launch, m) -> np.ndarray:
 
 def _blocking(cs, ce, kind, start, end, launch, frees=None):
     """(target, wake, own duration) per call: a sync call, a free (``frees``: an implicit device
-    sync), a copy call whose copy ended inside it, or a launch made while the GPU's launch queue was full (``_queue_full``), blocked on the
-    GPU until the op whose end released it (the latest op end inside the call) ended; its own
-    time is then what it took beyond that, up to the wake cap."""
+    sync), a copy call whose copy ended inside it, or a launch made while the GPU's launch queue
+    was full (``_queue_full``), blocked on the GPU until the op whose end released it (the latest
+    op end inside the call) ended; its own time is then what it took beyond that, up to the wake
+    cap."""
     m = len(cs)
     order = np.argsort(end, kind="stable")
     k = np.searchsorted(end[order], ce, side="right") - 1
