@@ -94,3 +94,47 @@ def test_diff_recognises_an_emptying_that_ended(churn):
     assert row["predicted_gain_ms"] == pytest.approx(listed["expected_gain_ms"], abs=0.011)
     back = diff(str(profile_path("memory_offload_1gpu")), str(profile_path("memory_1gpu")))
     assert not [g for g in back.fix_gains if g["fix"] == "memory_allocator_churn"]
+
+
+def _expandable_emptying(tmp_path):
+    """One GPU, three iterations, each ending as call GD's (PYTORCH_CUDA_ALLOC_CONF=expandable_segments)
+    emptying did: the allocator's cudaStreamSynchronize waits for the last kernel, then it unmaps
+    and releases two pages; the next iteration maps them again."""
+    from tests.nsys_builder import NsysExportBuilder
+
+    b = NsysExportBuilder(tmp_path / "run.sqlite")
+    b.add_gpu(0, name="NVIDIA H200", total_memory=140 * 2**30)
+    t = 1_000_000
+    for it in range(3):
+        start = t
+        for name in ("cuMemCreate", "cuMemMap", "cuMemSetAccess"):
+            b.add_runtime(name, t, t + 30_000)
+            t += 40_000
+        for _ in range(4):
+            b.add_kernel(t + 20_000, t + 2_000_000, "nvjet_gemm", launch=(t, t + 10_000))
+            t += 15_000
+        t += 4 * 2_000_000
+        b.add_runtime("cudaStreamSynchronize_v3020", t - 7_000_000, t + 5_000)  # returns as the queue drains
+        t += 10_000
+        for name in ("cuMemUnmap", "cuMemRelease", "cuMemUnmap", "cuMemRelease"):
+            b.add_runtime(name, t, t + 80_000)
+            t += 90_000
+        b.add_nvtx(f"iteration {it}", start - 10_000, t)
+        t += 20_000
+    return b.write()
+
+
+def test_an_expandable_segments_emptying_is_churn_too(tmp_path):
+    """The unmaps count as memory handed back, so the pitfall holds; the allocator's stream sync
+    before them waits as an allocator call, and the churn fix takes it with the unmaps."""
+    d = diagnose(str(_expandable_emptying(tmp_path)), keep_replay=True)
+    (dev,) = d.devices
+    assert dev["features"]["free_calls"] == 2 * dev["features"]["iterations"]
+    assert [p["rule"] for p in d.pitfalls if p["rule"] == "allocator_churn_every_step"]
+    (t,) = d.extra.replay_inputs.traces
+    c = t.calls
+    waits = np.flatnonzero((c.c_kind == ALLOC) & (c.c_target >= 0))
+    assert len(waits) >= 2  # the allocator's syncs, one an emptying in the window
+    r = replayer_of(d.extra.replay_inputs)
+    (w,) = transforms.apply({"kind": "drop_allocs"}, "best", r.traces, [captured(t)], r.ctx)
+    assert not w.c_blocks[waits].any()

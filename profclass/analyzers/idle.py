@@ -30,6 +30,9 @@ ALLOC_CALLS = re.compile(r"^(cudaMalloc(?!Async)|cudaFree(?!Async)|cudaMallocHos
 # frees that wait for the device before they return (cudaFree synchronizes implicitly): the
 # caching allocator's emptying (torch.cuda.empty_cache()) makes one a cached block
 FREE_CALLS = re.compile(r"^(cudaFree(?!Async)|cudaFreeHost|cuMemFree(?!Async)|cuMemFreeHost)")
+# with expandable segments the allocator hands pages back by unmapping them (cuMemUnmap, then
+# cuMemRelease), after a stream sync of its own (call GD: each emptying's unmaps follow one)
+UNMAP_CALLS = re.compile(r"^cuMemUnmap")
 SYNC_CALLS = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|"
                         r"cudaThreadSynchronize|cuCtxSynchronize|cuStreamSynchronize|"
                         r"cuEventSynchronize|cudaMemcpy$|cudaMemcpy2D$|cuMemcpyDtoH|cuMemcpyHtoD$)")
@@ -119,7 +122,8 @@ def _host_calls(r: IdleResult, gpu: GpuTimeline):
     in_w = (alloc["start"] < hi) & (alloc["end"] > lo)
     r.alloc_calls = int(in_w.sum())
     r.alloc_call_ns = int((alloc["end"] - alloc["start"])[in_w].sum())
-    r.free_calls = int((in_w & name_matches(alloc["name"], FREE_CALLS)).sum())
+    handed_back = name_matches(alloc["name"], FREE_CALLS) | name_matches(alloc["name"], UNMAP_CALLS)
+    r.free_calls = int((in_w & handed_back).sum())
     d2h = _blocking_copies(gpu.ops)
     sync_end = np.sort(np.r_[sync["end"].to_numpy(), d2h["launch_end"].to_numpy()])
     sw = (sync["start"] < hi) & (sync["end"] > lo)

@@ -58,7 +58,7 @@ class IdleResult:
     idle_stall_ns: int = 0  # idle in gaps of at least STALL_GAP_NS (any cause): the host was away
     alloc_calls: int = 0  # allocator calls in the window
     alloc_call_ns: int = 0
-    free_calls: int = 0  # of which frees (cudaFree-type: each waits for the device), in the window
+    free_calls: int = 0  # of which memory handed back to the driver (cudaFree-type, cuMemUnmap), in the window
     sync_calls: int = 0  # host syncs (and blocking pageable device-to-host copies) in the window
     sync_call_ns: int = 0
     device_syncs: int = 0  # of which whole-device syncs (DEVICE_SYNC_CALLS)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from .. import intervals as iv
 from ..analyzers.host import GC_RANGES, kernel_load_ns
-from ..analyzers.idle import ALLOC_CALLS, FREE_CALLS, SYNC_CALLS
+from ..analyzers.idle import ALLOC_CALLS, FREE_CALLS, SYNC_CALLS, UNMAP_CALLS
 from ..analyzers.sets import contains_per_distinct, name_matches
 from ..timeline import GpuTimeline
 from .constants import QUEUE_FULL_SHARE, QUEUE_MIN_DEPTH, THREAD_WAIT_NS
@@ -93,6 +93,12 @@ def call_frame(calls: pd.DataFrame, start, end, launch, recomputed, nvtx, lo, hi
     # a free that waited is a device sync, not CPU time (call GA: the first cudaFree of an emptying
     # returned 157 ms after its call, when the GPU drained)
     frees = (kind == ALLOC) & np.asarray(name_matches(calls["name"], FREE_CALLS), bool)
+    # the sync the allocator makes before unmapping an expandable segment's pages is its own: an
+    # allocator call that waits, as a free does (call GD)
+    unmap = np.asarray(name_matches(calls["name"], UNMAP_CALLS), bool)
+    pre = np.zeros(m, bool)
+    pre[:-1] = (kind[:-1] == SYNC) & unmap[1:] & same[1:]
+    kind[pre], frees = ALLOC, frees | pre
     target, wake, dur = _blocking(cs, ce, kind, start, end, launch, frees)
     load_waits = (load > 0) & (target >= 0)
     rec_calls = _recomputed_calls(cs, ce, launch, recomputed)
