@@ -64,7 +64,8 @@ def gain_text(f: dict) -> str:
     if f.get("expected_gain_ms") is None:
         return "gain not priced"
     pct = "" if f.get("expected_gain_pct") is None else f" ({f['expected_gain_pct']:.0f}%)"
-    return f"~{f['expected_gain_ms']:.1f} ms/step{pct}, range {f['gain_low_ms']:.1f} to {f['gain_high_ms']:.1f}"
+    then = f", then the {f['wall_after']} wall" if f.get("wall_after") else ""  # replayed: what comes next
+    return f"~{f['expected_gain_ms']:.1f} ms/step{pct}, range {f['gain_low_ms']:.1f} to {f['gain_high_ms']:.1f}{then}"
 
 
 def predict_by_id(fix_id: str, numbers: dict, step_ms: float, change: dict | None = None) -> dict:

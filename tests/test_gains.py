@@ -452,3 +452,26 @@ def test_diff_prices_the_applied_fix_by_the_replay_as_diagnose_does(diagnosis):
     assert row["gain_basis"].startswith("replay:drop_recomputed")
     share = predict_by_id("recompute_off", b.numbers, b.window["step_ms"]["mean"])
     assert share["expected_gain_ms"] != row["predicted_gain_ms"]
+
+
+wa_spec = importlib.util.spec_from_file_location("wall_after", ROOT / "fixtures" / "wall_after.py")
+wall_after = importlib.util.module_from_spec(wa_spec)
+wa_spec.loader.exec_module(wall_after)
+
+
+@pytest.fixture(scope="module")
+def wall_after_rows(replay_rows, diagnosis):
+    return wall_after.rows(replay_rows, diagnosis)
+
+
+def test_docs_wall_after_table_is_the_one_the_profiles_give(wall_after_rows):
+    assert wall_after.table(wall_after_rows) in (ROOT / "docs" / "replay.md").read_text(), \
+        "docs/replay.md is out of date: python fixtures/wall_after.py"
+
+
+def test_more_microbatches_leave_the_host_wall_on_the_host_paced_pipeline(wall_after_rows):
+    """mcore_pp4_m4 -> m8: the bubble (communication on the path) was the largest wall; the
+    schedule's gain taken off it leaves the host's, as the m8 capture's own path reads. Before
+    the delta the prediction was the base's wall, communication."""
+    row = next(r for r in wall_after_rows if r["pair"]["base"] == "mcore_pp4_m4" and r["pair"]["candidate"] == "mcore_pp4_m8")
+    assert row["base"] == "communication" and row["predicted"] == row["candidate"] == "host"

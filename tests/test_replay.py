@@ -261,3 +261,26 @@ def test_the_hosts_range_is_the_corpus_spread_against_the_captures_probe():
     assert host_range(slow * 1.2) == (HOST_SPEED[0], round(fast / (slow * 1.2), 2))
     assert host_range(fast / 1.2) == (round(slow * 1.2 / fast, 2), HOST_SPEED[1])
     assert host_range(slow / HOST_SPEED[0] * 1.01)[0] == HOST_SPEED[0]
+
+
+def test_a_step_delta_comes_off_the_wall_it_shortens():
+    from profclass.replay import critical_path
+
+    cp = {"compute": 13.2, "communication": 111.9, "host": 95.1, "memory": 0.0}
+    after = critical_path.after_delta(cp, 42.4, "pp_schedule")
+    assert after["communication"] == pytest.approx(69.5) and after["host"] == 95.1
+    assert critical_path.largest(cp) == "communication" and critical_path.largest(after) == "host"
+    assert critical_path.after_delta(cp, 500.0, "pp_schedule")["communication"] == 0.0  # never below none
+    assert critical_path.after_delta(cp, 20.0, "fewer_launches")["host"] == pytest.approx(75.1)
+
+
+def test_every_replayed_fix_says_which_wall_comes_next(diagnosis):
+    """fixes[].wall_after: each replayed fix's own next wall; a plan step's first fix agrees
+    with it, the plan making that fix alone first."""
+    import json
+
+    d = json.loads(diagnosis("mcore_gb_pp4s_m8").to_json())
+    replayed = [f for f in d["fixes"] if f.get("gain_basis", "").startswith("replay")]
+    assert replayed and all(f["wall_after"] in ("compute", "communication", "host", "memory") for f in replayed)
+    first = next(f for f in d["fixes"] if f["id"] == d["plan"][0]["id"])
+    assert first["wall_after"] == d["plan"][0]["wall_after"]

@@ -82,3 +82,22 @@ def _parents(g, t, off, lag, nodes, how) -> np.ndarray:
         found = (dst[at] == nodes[cross]) if len(dst) else np.zeros(len(cross), bool)
         par[cross[found]] = src[at[found]]
     return par
+
+
+def largest(cp: dict) -> str:
+    """The wall with the most time on a critical path (ties: WALLS' order): "then the X wall"."""
+    return max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
+
+
+# Where a step delta the graph does not replay comes off the critical path. A pipeline schedule
+# change (more micro-batches, interleaving, balanced stages) shortens the stages' PP waits, the
+# bubble, which the path charges to communication (a PP send/recv's wait); a larger micro-batch on
+# a pipeline is priced by its host saving less the bubble it adds, so its net comes off the host.
+DELTA_WALL = {"pp_schedule": "communication", "fewer_launches": "host"}
+
+
+def after_delta(cp: dict, gain_ms: float, kind: str) -> dict:
+    """The critical path's walls after a fix priced as a step delta of ``gain_ms`` (a schedule
+    change, ``DELTA_WALL``): that wall less the gain, at least 0; the rest as they were."""
+    wall = DELTA_WALL.get(kind, "communication")
+    return {**cp, wall: round(max(cp[wall] - gain_ms, 0.0), 3)}

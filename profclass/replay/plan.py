@@ -3,8 +3,7 @@ replayer (``r``: a ``replay.run.Replayer``, which imports this module, so it is 
 annotations) with each fix's price; gives ``plan[]`` rows (id, gain, step after, wall after)."""
 from __future__ import annotations
 
-from ..classify import WALLS
-from . import pipeline_schedule, pipelined, scenario, transforms
+from . import critical_path, pipeline_schedule, pipelined, scenario, transforms
 
 PLAN_STEPS = 4
 # a plan step must shorten the replayed step by this share of it: less is inside the replay's own
@@ -22,7 +21,8 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     top of the schedule changes before it, so two that shrink one bubble do not both claim it,
     run by the stages the graph fixes so far left, ``pipelined.lean_stages``: a shorter
     micro-batch leaves a smaller bubble). A larger micro-batch's host saving is priced on the
-    captured stages; a schedule step's wall after is the graph's (it is not replayed).
+    captured stages. A schedule step is not replayed: its wall after is the critical path's walls so
+    far with the step delta taken off the wall it shortens (``critical_path.after_delta``).
 
     The pool starts as ``chosen`` (the verdict's and runner-up's fixes, and a pitfall's that
     applies) and grows as the walls move: where a step leaves a wall the largest whose fixes are
@@ -34,7 +34,8 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     pool.add([f for f in chosen if f["id"] in prices and (prices[f["id"]].best_ms > 0 or _reschedules(r, table[f["id"]]["transform"]))])
     pool.covered |= set(covered)
     weights, now = start
-    applied, wall, plan = [], None, []
+    applied, wall, plan, cp = [], None, [], None  # cp: the critical path's walls so far
+    deltas = []  # the schedule steps taken (gain, transform kind): the graph's path does not hold them
     weights_out, rescheduled = r.untraced_out, {}  # the graph's current outcome; larger micro-batch gains on it
     trials, graph_moved = [], True  # the graph trials' replays hold until a graph step (or the pool) moves
     while (pool.graph or pool.sched) and len(plan) < PLAN_STEPS:
@@ -49,15 +50,21 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
         if gain_g >= gain_s:
             _, f, weights, weights_out = g
             rescheduled, graph_moved = {}, True  # a larger micro-batch's saving is replayed again
-            wall = _largest_wall(r.critical_path_ms(weights_out, weights))
+            cp = r.critical_path_ms(weights_out, weights)
+            for gain, kind in deltas:
+                cp = critical_path.after_delta(cp, gain, kind)
+            wall = critical_path.largest(cp)
             now -= gain_g
             plan.append(dict(id=f["id"], gain_ms=round(gain_g, 2), step_ms_after=round(now - step + measured, 2),
                              wall_after=wall))
             pool.graph = [x for x in pool.graph if x is not f]
         else:
             _, f, spec = s
-            if wall is None:  # no graph step before: the wall after is the captured step's
-                wall = _largest_wall(r.critical_path_ms(r.base, r.captured))
+            if cp is None:  # no graph step before: the path of the step the plan starts from
+                cp = r.critical_path_ms(weights_out, weights)
+            cp = critical_path.after_delta(cp, gain_s, spec["kind"])
+            deltas.append((gain_s, spec["kind"]))
+            wall = critical_path.largest(cp)
             now -= gain_s
             applied.append(spec)
             plan.append(dict(id=f["id"], gain_ms=round(gain_s, 2), step_ms_after=round(now - step + measured, 2),
@@ -97,11 +104,6 @@ class _Pool:
             return False
         self.covered.add(wall)
         return self.add(self.walls.get(wall, ()))
-
-
-def _largest_wall(cp: dict) -> str:
-    """The wall with the most time on a critical path (ties: WALLS' order)."""
-    return max(cp, key=lambda k: (cp[k], -WALLS.index(k)))
 
 
 def _graph_trials(r, left: list, table: dict, weights) -> list:

@@ -47,6 +47,7 @@ class FixPrice:
     high_ms: float
     basis: str
     trade_off: dict | None = None  # what the fix costs besides time, where it has a price outside the step
+    wall_after: str | None = None  # the largest wall on the critical path with the fix at its best
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
 
 def _as_json(p: FixPrice) -> dict:
     """A price as the JSON holds it: its trade-off only where the fix has one."""
-    return {k: v for k, v in vars(p).items() if k != "trade_off" or v is not None}
+    return {k: v for k, v in vars(p).items() if k not in ("trade_off", "wall_after") or v is not None}
 
 
 def not_replayable(inp: ReplayInputs) -> str:
@@ -316,6 +317,12 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
     prices = {}
     stages = r.stages if traced else r.untraced_stages
     variants = () if traced else r.host_variants
+    memo = {}
+
+    def start_cp() -> dict:  # the critical path of the step priced from, worked out once
+        if "cp" not in memo:
+            memo["cp"] = r.critical_path_ms(start_out, start)
+        return memo["cp"]
     for f in chosen:
         specs = _specs(f, table)
         if not specs or (len(specs) > 1 and not pipelined.together_priced(r, specs)):
@@ -327,11 +334,12 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
                 spread = [g["best"] for g in (pipeline_schedule.gains_ms(spec, st) for _, _, _, st in variants) if g]
                 prices[f.get("request", f["id"])] = FixPrice(
                     f["id"], round(min(*gains.values(), *spread), 2), round(gains["best"], 2),
-                    round(max(*gains.values(), *spread), 2), notes.schedule_basis(spec, stages, traced, _host_note(r)))
+                    round(max(*gains.values(), *spread), 2), notes.schedule_basis(spec, stages, traced, _host_note(r)),
+                    wall_after=critical_path.largest(critical_path.after_delta(start_cp(), gains["best"], spec["kind"])))
             continue
-        gains = {}
+        gains, best = {}, {}
         for point in transforms.POINTS:
-            g = _graph_gain(r, specs, point, start, start_out, stages)
+            g = _graph_gain(r, specs, point, start, start_out, stages, best if point == "best" else None)
             if g is None:
                 break
             gains[point] = g
@@ -341,8 +349,15 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         lo, hi = min(*gains.values(), *spread), max(*gains.values(), *spread)
         basis = notes.fixes_basis(r, specs, stages, traced)
         trade = r.tokens_dropped if any(s["kind"] == "static_shapes" for s in specs) else None
+        # the graph's path after the fix; where the schedule prices it (fixes together on a pipeline,
+        # a larger micro-batch's bubble) a step delta off the start's, as the plan takes it
+        delta = None if r.stages is None else (spec["kind"] if spec["kind"] == "fewer_launches" else
+                                               pipeline_schedule.KIND if not best else None)
+        cp = (critical_path.after_delta(start_cp(), gains["best"], delta) if delta else
+              r.critical_path_ms(best["out"], best["w"]))
         prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
-                                                     basis + ("" if traced else _host_note(r)), trade)
+                                                     basis + ("" if traced else _host_note(r)), trade,
+                                                     critical_path.largest(cp))
     return prices
 
 
@@ -359,10 +374,11 @@ def _specs(f: dict, table: dict) -> list[dict]:
 
 
 def _graph_gain(r: Replayer, specs: list[dict], point: str, start: list, start_out: scenario.Outcome,
-                stages) -> float | None:
+                stages, keep: dict | None = None) -> float | None:
     """ms per step the fixes' transforms at ``point``, applied in turn, take off the step
     replayed from ``start`` (None where one has nothing to act on); together on a pipelined job,
-    through its schedule (``pipelined.together_ms``)."""
+    through its schedule (``pipelined.together_ms``). ``keep``: gets the graph's replay with the
+    fixes (``w``, ``out``) where there is one."""
     if len(specs) > 1 and r.stages is not None:
         return pipelined.together_ms(r, *pipelined.graph_and_schedule(specs), point, start, start_out, stages)
     w = start
@@ -371,6 +387,8 @@ def _graph_gain(r: Replayer, specs: list[dict], point: str, start: list, start_o
         if w is None:
             return None
     out = r.replay(w)
+    if keep is not None:
+        keep.update(w=w, out=out)
     spec = specs[0]
     if spec["kind"] == "fewer_launches" and r.stages is not None:
         # fewer micro-batches: the pipeline's bubble grows (the schedule's, not the graph's)
@@ -426,6 +444,7 @@ def priced(chosen: list[dict], prices: dict, step_ms: float) -> list[dict]:
         out.append({**f, "expected_gain_ms": p.best_ms,
                     "expected_gain_pct": round(100.0 * p.best_ms / step_ms, 1) if step_ms else None,
                     "gain_low_ms": p.low_ms, "gain_high_ms": p.high_ms, "gain_basis": p.basis,
-                    "gain_model": p.basis.split(": ", 1)[0], **({"trade_off": p.trade_off} if p.trade_off else {})})
+                    "gain_model": p.basis.split(": ", 1)[0], **({"trade_off": p.trade_off} if p.trade_off else {}),
+                    **({"wall_after": p.wall_after} if p.wall_after else {})})
     out.sort(key=rank_key)
     return out
