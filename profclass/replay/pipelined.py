@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import pipeline_schedule, scenario, transforms
+from . import critical_path, pipeline_schedule, scenario, transforms
 from .schedule_inputs import Stages
 from .trace import COMPUTE
 
@@ -147,3 +147,22 @@ def bigger_microbatch_ms(r, spec: dict, start_out: scenario.Outcome, out: scenar
     per stage, priced by the schedule (``stages``) with m / k micro-batches."""
     return pipeline_schedule.bigger_microbatch_ms(stages, float(spec.get("microbatch_factor", 2.0)),
                                                   stage_saving(r, start_out, out))
+
+
+def wall_after(r, specs: list[dict], gain_ms: float, start_cp, start_out: scenario.Outcome, best: dict) -> str:
+    """The largest wall on the critical path once fixes priced at ``gain_ms`` are made (``best``:
+    the graph's replay with them, ``w`` and ``out``; empty where there is none; ``start_cp()``:
+    the path of the step priced from). The graph keeps the PP waits as captured: where the
+    schedule prices a graph fix, the step falls by the schedule's gain, and what that differs
+    from the graph's own change comes off (or onto) the bubble, communication on the path. A
+    larger micro-batch on a pipeline, and fixes together there, are a step delta off the start's
+    path (``critical_path.after_delta``), as the plan takes them."""
+    kind = specs[0]["kind"]
+    if r.stages is not None and (kind == "fewer_launches" or not best):
+        delta = kind if kind == "fewer_launches" else pipeline_schedule.KIND
+        return critical_path.largest(critical_path.after_delta(start_cp(), gain_ms, delta))
+    cp = r.critical_path_ms(best["out"], best["w"])
+    if len(specs) == 1 and takes(r, specs[0]):
+        graph_ms = r.step_ms(start_out) - r.step_ms(best["out"])
+        cp = critical_path.after_delta(cp, gain_ms - graph_ms, pipeline_schedule.KIND)
+    return critical_path.largest(cp)

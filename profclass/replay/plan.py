@@ -48,9 +48,12 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
         if max(gain_g, gain_s) < PLAN_MIN_GAIN_SHARE * step:
             break
         if gain_g >= gain_s:
+            before_out = weights_out
             _, f, weights, weights_out = g
             rescheduled, graph_moved = {}, True  # a larger micro-batch's saving is replayed again
             cp = r.critical_path_ms(weights_out, weights)
+            if pipelined.takes(r, table[f["id"]]["transform"]):  # the schedule's gain past the graph's: the bubble
+                deltas.append((g[0] - (r.step_ms(before_out) - r.step_ms(weights_out)), pipeline_schedule.KIND))
             for gain, kind in deltas:
                 cp = critical_path.after_delta(cp, gain, kind)
             wall = critical_path.largest(cp)

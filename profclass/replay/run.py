@@ -349,15 +349,9 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         lo, hi = min(*gains.values(), *spread), max(*gains.values(), *spread)
         basis = notes.fixes_basis(r, specs, stages, traced)
         trade = r.tokens_dropped if any(s["kind"] == "static_shapes" for s in specs) else None
-        # the graph's path after the fix; where the schedule prices it (fixes together on a pipeline,
-        # a larger micro-batch's bubble) a step delta off the start's, as the plan takes it
-        delta = None if r.stages is None else (spec["kind"] if spec["kind"] == "fewer_launches" else
-                                               pipeline_schedule.KIND if not best else None)
-        cp = (critical_path.after_delta(start_cp(), gains["best"], delta) if delta else
-              r.critical_path_ms(best["out"], best["w"]))
         prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
                                                      basis + ("" if traced else _host_note(r)), trade,
-                                                     critical_path.largest(cp))
+                                                     pipelined.wall_after(r, specs, gains["best"], start_cp, start_out, best))
     return prices
 
 
