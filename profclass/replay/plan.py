@@ -21,8 +21,7 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     top of the schedule changes before it, so two that shrink one bubble do not both claim it,
     run by the stages the graph fixes so far left, ``pipelined.lean_stages``: a shorter
     micro-batch leaves a smaller bubble). A larger micro-batch's host saving is priced on the
-    captured stages. A schedule step is not replayed: its wall after is the critical path's walls so
-    far with the step delta taken off the wall it shortens (``critical_path.after_delta``).
+    captured stages. A step's wall after is the critical path's so far (``_Path``).
 
     The pool starts as ``chosen`` (the verdict's and runner-up's fixes, and a pitfall's that
     applies) and grows as the walls move: where a step leaves a wall the largest whose fixes are
@@ -34,8 +33,7 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     pool.add([f for f in chosen if f["id"] in prices and (prices[f["id"]].best_ms > 0 or _reschedules(r, table[f["id"]]["transform"]))])
     pool.covered |= set(covered)
     weights, now = start
-    applied, wall, plan, cp = [], None, [], None  # cp: the critical path's walls so far
-    deltas = []  # the schedule steps taken (gain, transform kind): the graph's path does not hold them
+    applied, wall, plan, path = [], None, [], _Path(r)
     weights_out, rescheduled = r.untraced_out, {}  # the graph's current outcome; larger micro-batch gains on it
     trials, graph_moved = [], True  # the graph trials' replays hold until a graph step (or the pool) moves
     while (pool.graph or pool.sched) and len(plan) < PLAN_STEPS:
@@ -51,23 +49,14 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
             before_out = weights_out
             _, f, weights, weights_out = g
             rescheduled, graph_moved = {}, True  # a larger micro-batch's saving is replayed again
-            cp = r.critical_path_ms(weights_out, weights)
-            if pipelined.takes(r, table[f["id"]]["transform"]):  # the schedule's gain past the graph's: the bubble
-                deltas.append((g[0] - (r.step_ms(before_out) - r.step_ms(weights_out)), pipeline_schedule.KIND))
-            for gain, kind in deltas:
-                cp = critical_path.after_delta(cp, gain, kind)
-            wall = critical_path.largest(cp)
+            wall = path.after_graph(table[f["id"]]["transform"], g[0], before_out, weights_out, weights)
             now -= gain_g
             plan.append(dict(id=f["id"], gain_ms=round(gain_g, 2), step_ms_after=round(now - step + measured, 2),
                              wall_after=wall))
             pool.graph = [x for x in pool.graph if x is not f]
         else:
             _, f, spec = s
-            if cp is None:  # no graph step before: the path of the step the plan starts from
-                cp = r.critical_path_ms(weights_out, weights)
-            cp = critical_path.after_delta(cp, gain_s, spec["kind"])
-            deltas.append((gain_s, spec["kind"]))
-            wall = critical_path.largest(cp)
+            wall = path.after_schedule(gain_s, spec["kind"], weights_out, weights)
             now -= gain_s
             applied.append(spec)
             plan.append(dict(id=f["id"], gain_ms=round(gain_s, 2), step_ms_after=round(now - step + measured, 2),
@@ -82,6 +71,31 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
         # more micro-batches and fewer, larger ones are opposite changes: one of them is taken
         pool.sched = [x for x in pool.sched if not any(_opposite(table[x["id"]]["transform"], a) for a in applied)]
     return plan
+
+
+class _Path:
+    """The critical path's walls as the plan goes: the graph's replayed path after its graph steps,
+    less the step deltas the graph does not hold (``deltas``: the schedule steps, and what a graph
+    step priced through the schedule gained past the graph's own change: the bubble), each off
+    the wall it shortens (``critical_path.after_delta``)."""
+
+    def __init__(self, r):
+        self.r, self.cp, self.deltas = r, None, []
+
+    def after_graph(self, spec: dict, gain: float, before_out, out, weights) -> str:
+        if pipelined.takes(self.r, spec):
+            self.deltas.append((gain - (self.r.step_ms(before_out) - self.r.step_ms(out)), pipeline_schedule.KIND))
+        self.cp = self.r.critical_path_ms(out, weights)
+        for g, kind in self.deltas:
+            self.cp = critical_path.after_delta(self.cp, g, kind)
+        return critical_path.largest(self.cp)
+
+    def after_schedule(self, gain: float, kind: str, out, weights) -> str:
+        if self.cp is None:  # no graph step before: the path of the step the plan starts from
+            self.cp = self.r.critical_path_ms(out, weights)
+        self.cp = critical_path.after_delta(self.cp, gain, kind)
+        self.deltas.append((gain, kind))
+        return critical_path.largest(self.cp)
 
 
 class _Pool:
