@@ -77,6 +77,18 @@ def test_improvement_pair_details(diagnosis):
     assert "all_reduce (DP) exposed" in r.verdict["summary"]
 
 
+def test_a_recognised_fix_says_the_wall_it_left_next(diagnosis):
+    """Twice the micro-batches on the host-paced PP 4 job: the bubble (communication) was the base
+    path's largest wall; the replay's next wall and the candidate's own path both say host, and
+    the text report sets them side by side."""
+    b, c = diagnosis("mcore_pp4_m4"), diagnosis("mcore_pp4_m8")
+    r = diff(b, c)
+    row = next(x for x in r.fix_gains if x["fix"] == "pp_microbatches")
+    assert max(b.replay["critical_path_ms"].items(), key=lambda kv: kv[1])[0] == "communication"
+    assert row["predicted_wall_after"] == row["candidate_wall"] == "host"
+    assert "then the host wall predicted, the candidate's path: host" in render_text(r)
+
+
 @pytest.mark.parametrize("name", sorted({p[k] for p in PAIRS for k in ("base", "candidate")}))
 def test_self_diff_reports_no_change(name, diagnosis):
     d = diagnosis(name)

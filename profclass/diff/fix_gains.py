@@ -48,6 +48,7 @@ from ..analyzers.stragglers import EP_IMBALANCE, routing_balanced, routing_uneve
 from ..config import run_flags
 from ..fixes import load_table, predict_by_id
 from ..kernels import GROUPED_GEMM
+from ..replay import critical_path
 from ..replay.run import price_requests, request_text
 
 _ABSENT = (None, False, "0", "false", "False")
@@ -253,6 +254,9 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
     wanted = [(fix["id"], change) for fix, _, _, change in applied]
     # the price the job banks (untraced), and the one two traced captures can show
     replayed, traced = _replayed(rb, wanted), _replayed(rb, wanted, traced=True)
+    # the wall the candidate's own replayed path holds most of: what the fix left next, as captured
+    walls_c = (getattr(c, "replay", None) or {}).get("critical_path_ms")
+    wall_c = critical_path.largest(walls_c) if walls_c else None
     rows = []
     for fix, cond, ratio, change in applied:
         realized = base_ms - candidate_ms / ratio
@@ -262,6 +266,7 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
         rows.append(dict(fix=fix["id"], title=fix["title"], detected_by=cond,
                          predicted_gain_ms=est, gain_low_ms=lo, gain_high_ms=hi, gain_basis=p.get("gain_basis"),
                          predicted_gain_traced_ms=None if kept is None else kept.best_ms,
+                         predicted_wall_after=None if kept is None else kept.wall_after, candidate_wall=wall_c,
                          realized_gain_ms=round(realized, 3),
                          realized_per="base work" if ratio != 1.0 else "step",
                          within_range=None if lo is None or hi is None else bool(lo <= realized <= hi)))
@@ -319,6 +324,8 @@ def fix_gain_lines(rows: list[dict]) -> list[str]:
         kept = "" if kept is None else f" ({kept:.1f} with the profiler kept, as these captures ran)"
         steady = r.get("realized_without_pauses_ms")
         steady = "" if steady is None else f", {steady:.1f} without the collector's pauses"
+        nxt = r.get("predicted_wall_after")
+        nxt = "" if nxt is None else f"; then the {nxt} wall predicted, the candidate's path: {r.get('candidate_wall') or '?'}"
         out.append(f"{r['title']} ({r['detected_by']}): {pred}{kept}; realized {r['realized_gain_ms']:.1f} ms/step"
-                   f"{per}{where}{steady}")
+                   f"{per}{where}{steady}{nxt}")
     return out
