@@ -99,5 +99,5 @@ DELTA_WALL = {"pp_schedule": "communication", "fewer_launches": "host"}
 def after_delta(cp: dict, gain_ms: float, kind: str) -> dict:
     """The critical path's walls after a fix priced as a step delta of ``gain_ms`` (a schedule
     change, ``DELTA_WALL``): that wall less the gain, at least 0; the rest as they were."""
-    wall = DELTA_WALL.get(kind, "communication")
+    wall = DELTA_WALL[kind]
     return {**cp, wall: round(max(cp[wall] - gain_ms, 0.0), 3)}

@@ -5,7 +5,7 @@ groups and the chosen fixes (with their table rows); the analyzers do not know i
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -317,12 +317,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
     prices = {}
     stages = r.stages if traced else r.untraced_stages
     variants = () if traced else r.host_variants
-    memo = {}
-
-    def start_cp() -> dict:  # the critical path of the step priced from, worked out once
-        if "cp" not in memo:
-            memo["cp"] = r.critical_path_ms(start_out, start)
-        return memo["cp"]
+    start_cp = cache(lambda: r.critical_path_ms(start_out, start))  # the start's path, walked once if asked
     for f in chosen:
         specs = _specs(f, table)
         if not specs or (len(specs) > 1 and not pipelined.together_priced(r, specs)):
