@@ -17,6 +17,13 @@ TRAINING_KERNEL = re.compile(r"backward|bwd|bprop|dgrad|wgrad|adam|multi_tensor_
 HOPPER = re.compile(r"H100|H200|H800|H20\b|GH200", re.I)
 NVL72 = re.compile(r"GB200|GB300", re.I)
 BLACKWELL = re.compile(r"B200|B100|B300|RTX PRO 6000", re.I)
+# a Hydra/OmegaConf override on a launch line: Megatron-Bridge's ``section.key=value``
+# (``train.manual_gc=true``), NeMo's ``trainer.strategy.key=value``; a leading + or ++ adds a key
+OVERRIDE_ARG = re.compile(r"^\+{0,2}(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)=(.*)$")
+# Bridge's config fields are Megatron-LM's argument names (``--manual-gc`` is ``train.manual_gc``);
+# those named otherwise, from Bridge's "Megatron-LM to Megatron Bridge" mapping (docs/diff.md)
+RENAMED_FIELDS = {"fp8": "--fp8-format", "num_moe_experts": "--num-experts", "gated_linear_unit": "--swiglu",
+                  "sequence_length": "--seq-length", "use_nsys_profiler": "--profile"}
 
 
 def parse_flags(command: list[str]) -> dict[str, str | bool]:
@@ -24,18 +31,35 @@ def parse_flags(command: list[str]) -> dict[str, str | bool]:
     flags: dict[str, str | bool] = {}
     i = 0
     while i < len(command):
-        tok = command[i]
+        tok, nxt = command[i], command[i + 1] if i + 1 < len(command) else None
         if tok.startswith("--"):
             if "=" in tok:
                 k, v = tok.split("=", 1)
                 flags[k] = v
-            elif i + 1 < len(command) and not command[i + 1].startswith("--"):
-                flags[tok] = command[i + 1]
+            # a Hydra override after a switch is an override, not the switch's value
+            elif nxt is not None and not nxt.startswith("--") and not OVERRIDE_ARG.match(nxt):
+                flags[tok] = nxt
                 i += 1
             else:
                 flags[tok] = True
         i += 1
     return flags
+
+
+def parse_overrides(command: list[str]) -> dict[str, str | bool]:
+    """Hydra/OmegaConf overrides on a command line as the Megatron-LM flags they set: the key's
+    last part with dashes (``ddp.overlap_grad_reduce=true`` is ``--overlap-grad-reduce``,
+    ``RENAMED_FIELDS`` otherwise). ``true`` is a switch set; ``false`` and ``null`` leave the
+    flag absent, as a switch not given (readers test a switch by its presence); other values as
+    written. A later override of the same key wins."""
+    out: dict[str, str | bool] = {}
+    for m in filter(None, map(OVERRIDE_ARG.match, command)):
+        key, value = m.groups()
+        flag, low = RENAMED_FIELDS.get(key) or "--" + key.replace("_", "-"), value.strip("'\"").lower()
+        out.pop(flag, None)
+        if low not in ("false", "null", "none", "~"):
+            out[flag] = True if low == "true" else value
+    return out
 
 
 def platform(gpu_name: str) -> str:
@@ -48,10 +72,16 @@ def platform(gpu_name: str) -> str:
     return "other"
 
 
+# the ``config`` items ``run_flags`` reads: the launch line's flags and its overrides
+RUN_FLAG_ITEMS = ("command_line_flags", "config_overrides")
+
+
 def run_flags(cfg: dict) -> dict:
-    """The run's command-line flags (flag -> value) from a ``config`` section (``derive``'s, or a
-    stored diagnosis's); empty when none were captured."""
-    return (cfg.get("command_line_flags") or {}).get("value") or {}
+    """The run's settings as Megatron-LM flags (flag -> value) from a ``config`` section
+    (``derive``'s, or a stored diagnosis's): the launch line's flags, and its Hydra overrides
+    (``config_overrides``) where no flag says the same; empty when neither was captured."""
+    flags = (cfg.get("command_line_flags") or {}).get("value") or {}
+    return {**((cfg.get("config_overrides") or {}).get("value") or {}), **flags}
 
 
 def item(value, source: str) -> dict:
@@ -66,12 +96,17 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
     ``ep_source``: where the layout's EP size came from ("inferred" from the traffic, or flags)."""
     cfg: dict[str, dict] = {}
     flags: dict[str, str | bool] = {}
+    overrides: dict[str, str | bool | None] = {}
     env: dict[str, str] = {}
     for p in profiles:
         flags.update(parse_flags(p.command))
+        overrides.update(parse_overrides(p.command))
         env.update(p.env)
     if flags:
         cfg["command_line_flags"] = item({k: v for k, v in flags.items()}, "META_DATA_CAPTURE command line")
+    if overrides:
+        cfg["config_overrides"] = item(overrides, "META_DATA_CAPTURE command line: Hydra overrides (section.key=value) "
+                                                  "as the Megatron-LM flags they set")
     for var in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "CUDA_DEVICE_MAX_CONNECTIONS",
                 "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "PYTORCH_CUDA_ALLOC_CONF", "NVTE_FLASH_ATTN"):
         if var in env:
@@ -82,9 +117,11 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
     cfg["platform"] = item(platform(gpu), "GPU name")
     cfg["gpus_in_job"] = item(n_gpus, "kernel activity per (process, device)")
     disp, src = _dispatcher(ops[ops["is_comm"]], n_gpus, ep_size, moe_router)
-    flag_disp = flags.get("--moe-token-dispatcher-type")
+    said = {**overrides, **flags}  # run_flags' view: a flag wins over an override of the same setting
+    source = lambda flag: "command line" if flag in flags else "command line (Hydra override)"  # noqa: E731
+    flag_disp = said.get("--moe-token-dispatcher-type")
     if isinstance(flag_disp, str):
-        cfg["moe_token_dispatcher_type"] = item(flag_disp, "command line")
+        cfg["moe_token_dispatcher_type"] = item(flag_disp, source("--moe-token-dispatcher-type"))
     cfg["dispatcher"] = item(disp, src)
     if ep_size:
         cfg["expert_parallel"] = item(ep_size > 1, "the layout's EP size")
@@ -104,8 +141,8 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
                       ("--tensor-model-parallel-size", "tensor_model_parallel_size"),
                       ("--context-parallel-size", "context_parallel_size"),
                       ("--seq-length", "seq_length")):
-        if flag in flags:
-            cfg[key] = item(flags[flag], "command line")
+        if said.get(flag) is not None:
+            cfg[key] = item(said[flag], source(flag))
     return cfg
 
 

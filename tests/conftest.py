@@ -100,3 +100,31 @@ def diagnosis(request):
         return cache[name]
 
     return get
+
+
+def relaunched(name: str, dst: Path, launch) -> str:
+    """A copy of the committed export ``name`` at ``dst`` with each process's launch line
+    replaced by ``launch(command, arguments)`` -> (command, arguments); the timelines untouched."""
+    import sqlite3
+
+    from profclass.inputs import resolve
+
+    with resolve([str(profile_path(name))]) as files:
+        shutil.copy(files[0].sqlite, dst)
+    con = sqlite3.connect(dst)
+    rows = con.execute("SELECT name, value FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_%:COMMAND' "
+                       "OR name LIKE 'PROCESS_%:ARGUMENT_%'").fetchall()
+    per: dict[str, dict] = {}
+    for key, value in rows:
+        proc, _, field = key.partition(":")
+        per.setdefault(proc, {})[field] = value
+    con.execute("DELETE FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_%:ARGUMENT_%'")
+    for proc, fields in per.items():
+        args = [fields[f"ARGUMENT_{i}"] for i in range(sum(f.startswith("ARGUMENT_") for f in fields))]
+        command, args = launch(fields.get("COMMAND", ""), args)
+        con.execute("UPDATE META_DATA_CAPTURE SET value = ? WHERE name = ?", (command, f"{proc}:COMMAND"))
+        con.executemany("INSERT INTO META_DATA_CAPTURE(name, value) VALUES (?, ?)",
+                        [(f"{proc}:ARGUMENT_{i}", a) for i, a in enumerate(args)])
+    con.commit()
+    con.close()
+    return str(dst)

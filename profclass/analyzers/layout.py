@@ -2,7 +2,8 @@
 ranks of each group.
 
 Sizes come from the captured command line: Megatron-LM flags (``--tensor-model-parallel-size``)
-or Megatron-Bridge Hydra overrides (``model.tensor_model_parallel_size=2``). Where neither is
+or Hydra overrides (Megatron-Bridge's ``model.tensor_model_parallel_size=2``, NeMo's
+``trainer.strategy.tensor_model_parallel_size=2``: ``config.OVERRIDE_ARG``). Where neither is
 captured (or reading it is turned off, ``PROFCLASS_IGNORE_COMMAND_LINE=1``), the TP, PP and
 EP sizes are inferred from who runs collectives with whom (``layout_infer``).
 
@@ -13,13 +14,14 @@ with ETP, EP and the expert DP (EDP = world / (ETP * EP * PP)) and CP = 1.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..config import OVERRIDE_ARG
+
 SIZES = ("tp", "cp", "pp", "vpp", "ep", "etp", "dp", "edp", "microbatches")
-# Megatron-LM flag and Megatron-Bridge override (model./train. key) of each size
+# Megatron-LM flag and Hydra override key (its last part) of each size
 FLAGS = {"tp": "--tensor-model-parallel-size", "cp": "--context-parallel-size",
          "pp": "--pipeline-model-parallel-size", "vpp": "--virtual-pipeline-model-parallel-size",
          "ep": "--expert-model-parallel-size", "etp": "--expert-tensor-parallel-size",
@@ -27,7 +29,6 @@ FLAGS = {"tp": "--tensor-model-parallel-size", "cp": "--context-parallel-size",
 OVERRIDES = {"tp": "tensor_model_parallel_size", "cp": "context_parallel_size",
              "pp": "pipeline_model_parallel_size", "vpp": "virtual_pipeline_model_parallel_size",
              "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size"}
-OVERRIDE = re.compile(r"^\+{0,2}(?:model|train)\.(\w+)=(\S+)$")
 # dense and expert rank orders of parallel_state (fastest first)
 DENSE_ORDER = ("tp", "cp", "dp", "pp")
 EXPERT_ORDER = ("etp", "ep", "edp", "pp")
@@ -100,7 +101,7 @@ def read_command_line(flags: dict, command: list[str]) -> tuple[dict, dict]:
     layers, pp = _int(flags.get("--num-layers", "") or ""), sizes.get("pp")
     if "vpp" not in sizes and per_stage and layers and pp:
         sizes["vpp"], source["vpp"] = layers // (pp * per_stage), "command line"
-    overrides = {m.group(1): m.group(2) for m in map(OVERRIDE.match, command) if m}
+    overrides = {m.group(1): m.group(2) for m in map(OVERRIDE_ARG.match, command) if m}
     for name, key in OVERRIDES.items():
         if name not in sizes and _int(overrides.get(key, "")):
             sizes[name], source[name] = _int(overrides[key]), "bridge overrides"

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..classify import WALLS
-from ..config import run_flags
+from ..config import RUN_FLAG_ITEMS, run_flags
 from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
 from ..kernels import collective_label
@@ -227,7 +227,7 @@ def _feature_libraries(d: Diagnosis) -> dict[str, float]:
 def _config_changes(b: Diagnosis, c: Diagnosis) -> list[dict]:
     out = []
     for key in sorted(set(b.config) | set(c.config)):
-        if key == "command_line_flags":
+        if key in RUN_FLAG_ITEMS:  # compared below as the flags they set
             continue
         eb, ec = b.config.get(key), c.config.get(key)
         vb, vc = (eb or {}).get("value"), (ec or {}).get("value")

@@ -5,7 +5,8 @@ base profile predicted for that fix stands next to the gain the step realized.
 Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
 ``data/fixes.toml``, one condition a line (any one detects the fix):
 
-    on:FLAG            FLAG (or environment variable) absent/false on the base, set on the candidate
+    on:FLAG            FLAG (or environment variable, or its Hydra override: ``config.parse_overrides``)
+                       absent/false on the base, set on the candidate
     off:FLAG           set on the base, absent (or "0") on the candidate
     change:KEY=A->B    configuration KEY from A to B (pp_p2p: an interleaved schedule's P2P mode, read off its kernels)
     up:FLAG            FLAG's number grows; the realized gain is then per the base's work
@@ -29,6 +30,11 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
                        the base copies an attention mask with its batches, the candidate none
     churn:gone         the base frees device memory at least once a step (``features.free_calls`` over
                        its iterations, the GPUs' mean: an emptying every step), the candidate under once
+    pauses:gone        the base's window holds collector pauses (GC ranges, ``features.gc_ns``, else the
+                       host's unmarked pauses, ``pause_ns``), the candidate's none where it could show
+                       them (``_pauses_gone``): the collector taken off the steps, as --manual-gc does;
+                       only where no setting changed (flags, overrides, the layout's sizes, the
+                       configuration items) and no other fix is recognised (``ALONE_ONLY``)
 
 Where a flag is absent its value may come from the layout (``_LAYOUT_FLAGS``: the micro-batch
 count and VPP read off the timeline); where ``--micro-batch-size`` is, the rows a normalisation
@@ -45,7 +51,7 @@ import numpy as np
 
 from ..analyzers.communication import DP_OVERLAP_SEEN, DP_REDUCTIONS, beside_compute
 from ..analyzers.stragglers import EP_IMBALANCE, routing_balanced, routing_uneven
-from ..config import run_flags
+from ..config import RUN_FLAG_ITEMS, run_flags
 from ..fixes import load_table, predict_by_id
 from ..kernels import GROUPED_GEMM
 from ..replay import critical_path
@@ -68,7 +74,7 @@ ROWS = "micro_batch_rows"
 def _settings(d) -> dict:
     """Configuration values and command-line flags of one side, one flat dict (with the layout's
     schedule sizes where no flag says them: ``_LAYOUT_FLAGS``)."""
-    out = {k: (v or {}).get("value") for k, v in d.config.items() if k != "command_line_flags"}
+    out = {k: (v or {}).get("value") for k, v in d.config.items() if k not in RUN_FLAG_ITEMS}
     out.update(run_flags(d.config))
     sizes = (getattr(d, "layout", None) or {}).get("sizes") or {}
     for key, flag in _LAYOUT_FLAGS.items():
@@ -121,13 +127,40 @@ def _timeline_signs(d) -> dict:
                 # compute ran beside (``communication.beside_compute``)
                 dp=beside_compute(collectives, DP_REDUCTIONS), dp_gather=beside_compute(collectives, ("all_gather",)),
                 routing=_routing(d),  # balance:ep compares the two (``balanced_routing``)
-                frees=_frees_per_step(d))  # churn:gone
+                frees=_frees_per_step(d),  # churn:gone
+                pauses=_pauses(d))  # pauses:gone
 
 
 def _frees_per_step(d) -> float:
     """The GPUs' mean of device frees a step (``features.free_calls`` over the iterations)."""
     per = [(dv["features"].get("free_calls") or 0) / max(dv["features"].get("iterations") or 1, 1) for dv in d.devices]
     return float(np.mean(per)) if per else 0.0
+
+
+# conditions read off what comes and goes with the run by itself (a collection caught in one short
+# window and not the other): they name their fix only where no other fix is recognised, since
+# beside a recognised change the pauses are likelier chance than a second change (and only where
+# no setting changed either: ``_applied``)
+ALONE_ONLY = ("pauses:gone",)
+
+
+def _pauses(d) -> tuple[float, bool, int]:
+    """One side's collector pauses: (their ns a step, the GPUs' mean; whether any GPU's were
+    marked by GC ranges, ``features.gc_ns``, else the unmarked pauses, ``pause_ns``; the fewest
+    steps a GPU's window holds)."""
+    devs = getattr(d, "devices", None) or []
+    marked = any(dv["features"].get("gc_ns") for dv in devs)
+    key = "gc_ns" if marked else "pause_ns"
+    per = [(dv["features"].get(key) or 0) / max(dv["features"].get("iterations") or 1, 1) for dv in devs]
+    return (float(np.mean(per)) if per else 0.0), marked, min((dv["features"].get("iterations") or 0 for dv in devs),
+                                                               default=0)
+
+
+def _pauses_gone(b: tuple[float, bool, int], c: tuple[float, bool, int]) -> bool:
+    """``pauses:gone``: the base's window holds collector pauses, the candidate's none where it
+    could show them: its GC ranges are marked as the base's were (the same job marks its
+    collections), or it holds the 3 steps ``host_pauses`` needs to tell a pause from the rhythm."""
+    return b[0] > 0 and c[0] == 0 and (b[1] or c[2] >= 3)
 
 
 def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
@@ -162,6 +195,8 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
             return kb["inputs"] and (not kc["inputs"] or (kb["masks"] and not kc["masks"])), 1.0
     if kind == "churn":  # churn:gone, as memory.facts' frees_every_step
         return kb["frees"] >= 1 > kc["frees"], 1.0
+    if kind == "pauses":  # pauses:gone, where no setting either side shows changed
+        return _pauses_gone(kb["pauses"], kc["pauses"]) and sb == sc, 1.0
     raise ValueError(f"fixes.toml applied_when: unknown condition {cond!r}")
 
 
@@ -251,6 +286,9 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
     # a fix whose change another applied fix makes in whole (``subsumed_by``) is that fix's
     ids = {fix["id"] for fix, *_ in applied}
     applied = [a for a in applied if a[0].get("subsumed_by") not in ids]
+    # a sign that comes and goes with the run names its fix only where it is the pair's one change
+    if any(cond not in ALONE_ONLY for _, cond, *_ in applied):
+        applied = [a for a in applied if a[1] not in ALONE_ONLY]
     wanted = [(fix["id"], change) for fix, _, _, change in applied]
     # the price the job banks (untraced), and the one two traced captures can show
     replayed, traced = _replayed(rb, wanted), _replayed(rb, wanted, traced=True)
@@ -297,6 +335,8 @@ def without_pauses(rows: list[dict], split: dict | None, table: dict) -> list[di
 TIMELINE_CAVEATS = {
     f"up:{ROWS}": "a bigger micro-batch read off the normalisation kernels' rows (no --micro-batch-size on a "
                   "launch line): a longer sequence grows them the same way",
+    "pauses:gone": "the collector's pauses gone, read off the host timeline (no --manual-gc on a launch line): a "
+                   "window that caught no collection by chance, or a smaller heap, reads the same",
     "balance:ep": "balanced routing read off the EP work spread (no routing flag on a launch line): learned "
                   "routing that evened out by itself between the two captures reads the same",
 }
