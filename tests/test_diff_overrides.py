@@ -88,9 +88,10 @@ def test_a_pair_launched_with_overrides_is_its_flagged_twin(base, cand, fix, bri
 
 
 # (capture, where the bridged capture's TP, PP and EP come from): tp2sp_pp2's launch line names
-# TP and PP; gb_dp4's names no size (Megatron's defaults), so its bridged twin infers them, as a
-# Bridge recipe's sizes set in Python would be
-SOURCES = [("mcore_dense_tp2sp_pp2", "bridge overrides"), ("mcore_gb_dp4_base", "inferred")]
+# TP and PP, and EP off the traffic (a recipe may set it in Python); gb_dp4's names no size, so
+# its bridged twin infers them all
+SOURCES = [("mcore_dense_tp2sp_pp2", ("bridge overrides", "bridge overrides", "inferred")),
+           ("mcore_gb_dp4_base", ("inferred", "inferred", "inferred"))]
 
 
 @pytest.mark.parametrize("name, source", SOURCES, ids=[s[0] for s in SOURCES])
@@ -101,8 +102,44 @@ def test_a_capture_launched_with_overrides_is_diagnosed_as_its_flagged_twin(name
 
     flagged, over = profclass.diagnose(str(profile_path(name))), profclass.diagnose(bridged(name))
     assert over.layout["sizes"] == flagged.layout["sizes"]
-    assert {over.layout["source"][k] for k in ("tp", "pp", "ep")} == {source}
+    assert tuple(over.layout["source"][k] for k in ("tp", "pp", "ep")) == source
     assert over.verdict["wall"] == flagged.verdict["wall"]
     gains = lambda d: [(f["id"], f["expected_gain_ms"]) for f in d.fixes]  # noqa: E731
     assert gains(over) == gains(flagged)
 
+
+
+# (capture, the one override its recipe-like launch line keeps): the other sizes are the recipe's,
+# set in Python, and must come off the traffic, not default to 1 as Megatron-LM's flags would
+PARTIAL = [("mcore_dense_tp2sp_pp2", "model.pipeline_model_parallel_size=2"),
+           ("mcore_wrapped_dense_tp2_pp2", "model.tensor_model_parallel_size=2"),
+           ("mcore_wrapped_tp2_pp2_ep2", "model.expert_model_parallel_size=2"),
+           ("mcore_recipe_pp2_vpp2_ep2_m4", "model.expert_model_parallel_size=2"),
+           ("mcore_tp2sp_ep2", "trainer.strategy.tensor_model_parallel_size=2")]
+
+
+@pytest.mark.parametrize("name, override", PARTIAL, ids=[p[0] for p in PARTIAL])
+def test_sizes_no_override_names_come_off_the_traffic(name, override, tmp_path):
+    """A recipe's launch line that names one size: the layout is the constructed one (corpus.toml
+    ``parallel``), the named size from the override, the others inferred."""
+    import profclass
+    from conftest import PROFILES
+
+    path = relaunched(name, tmp_path / f"{name}.sqlite", lambda command, args: (command, ["recipe.py", override]))
+    d = profclass.diagnose(path)
+    par, src = PROFILES[name]["parallel"], d.layout["source"]
+    assert {k: d.layout["sizes"][k] for k in ("tp", "pp", "vpp", "ep", "dp", "microbatches")} == \
+        {k: par[k] for k in ("tp", "pp", "vpp", "ep", "dp", "microbatches")}
+    named = {"tensor": "tp", "pipeline": "pp", "expert": "ep"}[override.split(".")[-1].split("_")[0]]
+    assert src[named] == "bridge overrides"
+    assert all(src[k] == "inferred" for k in ("tp", "pp", "ep") if k != named)
+
+
+def test_one_rank_with_partial_overrides_says_what_it_assumed(diagnosis):
+    """The Bridge capture of rank 0 alone names PP and EP: TP, CP and VPP are Bridge's default (1),
+    said as an assumption, since one rank's traffic cannot tell them."""
+    d = diagnosis("mcore_bridge_pp2_ep2")
+    assert {k: d.layout["source"][k] for k in ("tp", "vpp")} == {"tp": "bridge default (not on the launch line)",
+                                                                 "vpp": "bridge default (not on the launch line)"}
+    assert d.layout["sizes"]["dp"] == 2 and d.layout["sizes"]["microbatches"] == 4  # 16 / (2 x 2)
+    assert any("taken as Megatron-Bridge's default" in m for m in d.missing)

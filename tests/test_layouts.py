@@ -26,9 +26,15 @@ def test_membership_follows_parallel_state():
 
 
 def test_bridge_overrides_and_megatron_flags():
+    from profclass.analyzers.layout import BRIDGE_DEFAULT
+    from profclass.analyzers.layout_infer import infer
+
     bridge = build({}, ["model.pipeline_model_parallel_size=2", "model.expert_model_parallel_size=2",
                         "train.micro_batch_size=2", "train.global_batch_size=16"], {"WORLD_SIZE": "4"}, 1)
-    assert bridge.sizes["pp"] == 2 and bridge.sizes["ep"] == 2 and bridge.sizes["dp"] == 2
+    # the sizes no override names are the traffic's to read (a recipe sets them in Python), not 1
+    assert bridge.sizes["pp"] == 2 and bridge.sizes["ep"] == 2 and bridge.sizes.get("tp") is None
+    infer(bridge, [], [], [])  # no traffic between ranks to read: Bridge's defaults, said as such
+    assert bridge.sizes["tp"] == 1 and bridge.source["tp"] == BRIDGE_DEFAULT and bridge.sizes["dp"] == 2
     assert bridge.sizes["microbatches"] == 4 and bridge.source["pp"] == "bridge overrides"
     lm = build({"--pipeline-model-parallel-size": "4", "--num-layers": "8",
                 "--num-layers-per-virtual-pipeline-stage": "1"}, [], {}, 4)

@@ -21,6 +21,11 @@ import numpy as np
 from ..config import OVERRIDE_ARG
 
 SIZES = ("tp", "cp", "pp", "vpp", "ep", "etp", "dp", "edp", "microbatches")
+BRIDGE = "bridge overrides"  # the source of a size a Hydra override gave
+UNDETERMINED = "not determined"  # the source of a size the traffic cannot tell (then null)
+# the source of a size no override names, where one rank's traffic cannot tell it: Megatron-Bridge's
+# model default (1); a recipe may set it otherwise in Python (``layout_infer.with_overrides``)
+BRIDGE_DEFAULT = "bridge default (not on the launch line)"
 # Megatron-LM flag and Hydra override key (its last part) of each size
 FLAGS = {"tp": "--tensor-model-parallel-size", "cp": "--context-parallel-size",
          "pp": "--pipeline-model-parallel-size", "vpp": "--virtual-pipeline-model-parallel-size",
@@ -51,6 +56,9 @@ class Layout:
     # the world is the GPUs in the profile (no WORLD_SIZE, no torchrun sizes captured): right
     # only when every rank is in it
     world_from_gpus: bool = False
+    # the micro and global batch sizes a command line gave (``fill`` derives the micro-batch
+    # count from them once DP is known, which under Bridge overrides may be after the traffic)
+    batch: dict = field(default_factory=dict)
 
     def size(self, name: str) -> int | None:
         return self.sizes.get(name)
@@ -104,7 +112,7 @@ def read_command_line(flags: dict, command: list[str]) -> tuple[dict, dict]:
     overrides = {m.group(1): m.group(2) for m in map(OVERRIDE_ARG.match, command) if m}
     for name, key in OVERRIDES.items():
         if name not in sizes and _int(overrides.get(key, "")):
-            sizes[name], source[name] = _int(overrides[key]), "bridge overrides"
+            sizes[name], source[name] = _int(overrides[key]), BRIDGE
     for key, flag in (("micro_batch_size", "--micro-batch-size"), ("global_batch_size", "--global-batch-size")):
         v = _int(overrides.get(key, "")) or _int(flags.get(flag, "") or "")
         if v:
@@ -147,10 +155,11 @@ def tp_within_node(layout: Layout) -> bool:
 
 def fill(layout: Layout) -> None:
     """Megatron's defaults and derived sizes: TP/CP/PP/EP/VPP default to 1 when the sizes came
-    from a command line (Megatron's own defaults), ETP to TP, DP and EDP from the world, micro-
-    batches from global / (micro x DP)."""
+    from Megatron-LM's flags (its own defaults; Bridge overrides leave the sizes they do not name
+    to the traffic: a recipe sets them in Python, ``layout_infer.with_overrides``), ETP to TP, DP
+    and EDP from the world, micro-batches from global / (micro x DP)."""
     s, src = layout.sizes, layout.source
-    origin = next((v for v in src.values() if v in ("command line", "bridge overrides")), None)
+    origin = "command line" if "command line" in src.values() else None
     for name in ("tp", "cp", "pp", "vpp", "ep"):
         if s.get(name) is None and origin:
             s[name], src[name] = 1, origin
@@ -161,13 +170,38 @@ def fill(layout: Layout) -> None:
         s["dp"], src["dp"] = w // (s["tp"] * s["cp"] * s["pp"]), src.get("pp")
     if w and all(s.get(k) for k in ("etp", "ep", "pp")) and w % (s["etp"] * s["ep"] * s["pp"]) == 0:
         s["edp"], src["edp"] = w // (s["etp"] * s["ep"] * s["pp"]), src.get("ep")
-    mbs, gbs = s.pop("micro_batch_size", None), s.pop("global_batch_size", None)
+    layout.batch.update({k: s.pop(k) for k in ("micro_batch_size", "global_batch_size") if k in s})
+    mbs, gbs = layout.batch.get("micro_batch_size"), layout.batch.get("global_batch_size")
     s.pop("num_layers", None)
     if s.get("microbatches") is None and mbs and gbs and s.get("dp"):
         s["microbatches"], src["microbatches"] = gbs // (mbs * s["dp"]), src.get("dp")
     for k in SIZES:
         s.setdefault(k, None)
         src.setdefault(k, None)
+
+
+def with_overrides(layout: Layout, told: dict, ran: bool) -> None:
+    """The sizes Hydra overrides named (``told``: size -> (value, source)) over the traffic's
+    reading. A size the traffic read that, with them, no longer fits the world is not
+    determined. Where the traffic was not read (``ran`` False: one rank in the profile), the
+    sizes no override names take Megatron-Bridge's model defaults (TP, CP, PP, EP and VPP 1,
+    source ``BRIDGE_DEFAULT``: a recipe may set them otherwise in Python, and ``missing[]`` says
+    so); where it was, VPP is left to the forward passes and the PP exchanges."""
+    s, src = layout.sizes, layout.source
+    for k, (v, how) in told.items():
+        s[k], src[k] = v, how
+    for k in ("dp", "edp"):  # derived again from the merged sizes
+        s[k], src[k] = None, None
+    w = layout.world
+    for group in (("tp", "cp", "pp"), ("etp", "ep", "pp")):
+        if w and all(s.get(k) for k in group) and w % int(np.prod([s[k] for k in group])):
+            for k in (k for k in group if src.get(k) == "inferred"):
+                s[k], src[k] = None, f"{UNDETERMINED}: the traffic's reading does not fit the world with the " \
+                                     "launch line's overrides"
+    for k in ("tp", "cp", "pp", "ep", "vpp"):
+        if not ran and s.get(k) is None:
+            s[k], src[k] = 1, BRIDGE_DEFAULT
+    fill(layout)
 
 
 def missing(job) -> list[str]:
@@ -177,8 +211,13 @@ def missing(job) -> list[str]:
     if unknown:
         out.append(f"parallel layout: {', '.join(unknown).upper()} size unknown (no Megatron flags or Bridge "
                    "overrides captured); collectives are grouped by their type, those a dense model issues in every layer as TP")
-    why = sorted({v for v in lay.source.values() if isinstance(v, str) and v.startswith("not determined")})
+    why = sorted({v for v in lay.source.values() if isinstance(v, str) and v.startswith(UNDETERMINED)})
     out += [f"parallel layout: {w}" for w in why]
+    assumed = [k for k in ("tp", "cp", "pp", "vpp", "ep") if lay.source.get(k) == BRIDGE_DEFAULT]
+    if assumed:
+        out.append(f"parallel layout: {', '.join(k.upper() for k in assumed)} taken as Megatron-Bridge's default (1): "
+                   "no override on the launch line names them and one rank's traffic cannot tell them; a recipe may "
+                   "set them otherwise in Python")
     steps = [k for k in ("vpp", "microbatches") if lay.size(k) is None]
     if steps and len(job.records) > 1:
         out.append(f"parallel layout: {' and '.join(k.upper() if k == 'vpp' else 'micro-batch count' for k in steps)} "

@@ -43,7 +43,7 @@ import re
 
 import numpy as np
 
-from .layout import Layout, fill
+from .layout import BRIDGE, OVERRIDES, UNDETERMINED, Layout, fill, with_overrides
 
 END_TOL_NS = 20_000  # end-time spread of one transfer across its members (docs/comm.md)
 # a middle PP stage splits its transfers between two neighbours: the lesser neighbour's share
@@ -263,12 +263,24 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     if per_layer is not None:  # for the group guess when no layout is known
         layout.per_layer = set().union(*per_layer)
         layout.moe_router = moe_router
-    if any(layout.source.get(k) for k in ("tp", "pp", "ep")):
+    src = layout.source
+    told = {k: (layout.sizes[k], v) for k, v in src.items() if v == BRIDGE and k in OVERRIDES}
+    if "command line" in src.values() or (not told and any(src.get(k) for k in ("tp", "pp", "ep"))):
         return
+    for k in told:  # the traffic is read as if nothing were told; the overrides win after
+        layout.sizes[k], src[k] = None, None
+    ran = _from_traffic(layout, kernels, ranks, program_shape, per_layer, moe_router, alltoall_peers)
+    if told:
+        with_overrides(layout, told, ran)
+
+
+def _from_traffic(layout: Layout, kernels, ranks, program_shape, per_layer, moe_router, alltoall_peers) -> bool:
+    """``infer``'s reading of TP, PP and EP off the collectives' partners; whether there was
+    traffic between ranks to read (two or more in the profile)."""
     if len(kernels) == 1 and (layout.world_from_gpus or layout.world == 1):
         _one_gpu(layout, kernels[0], alltoall_peers)
     if len(kernels) < 2:
-        return
+        return False
     shape = dict(zip(ranks, program_shape))
     unstrided = _classify(buckets(kernels, ranks), shape)
     ep_sets = unstrided[0]
@@ -307,9 +319,9 @@ def infer(layout: Layout, kernels, ranks, program_shape: list[float], windows=No
     _ep_from_nccl(layout, alltoall_peers, len(ranks))
     _drop_impossible(layout, kernels, ranks)
     fill(layout)
+    return True
 
 
-UNDETERMINED = "not determined"  # the source of a size the traffic cannot tell (then null)
 
 
 def _one_gpu(layout: Layout, kernels, alltoall_peers) -> None:

@@ -45,8 +45,8 @@ def with_exchanges(lay: layout.Layout, records, comm) -> layout.Layout:
     was read as 1), or they showed nothing. Needs every PP stage; otherwise the layout as it is."""
     s, src = lay.sizes, lay.source
     p = s.get("pp")
-    told = [k for k in ("vpp", "microbatches") if src.get(k) not in (None, "inferred")
-            and not str(src.get(k)).startswith(layout_infer.UNDETERMINED)]
+    told = [k for k in ("vpp", "microbatches") if src.get(k) not in (None, "inferred", layout.BRIDGE_DEFAULT)
+            and not str(src.get(k)).startswith(layout.UNDETERMINED)]
     recomputes = any(r.analysis.memory.recompute_ratio >= MIN_RECOMPUTE_RATIO for r in records)
     if not p or p < 2 or told or not comm.kernels or (s.get("microbatches") and not recomputes):
         return lay
@@ -64,7 +64,7 @@ def with_exchanges(lay: layout.Layout, records, comm) -> layout.Layout:
     if len(fits) < 2 or not recomputes:
         return lay
     # programs that launch alike, and passes that re-run forwards may have misread: no guess
-    why = (f"{layout_infer.UNDETERMINED}: the PP exchanges per step fit "
+    why = (f"{layout.UNDETERMINED}: the PP exchanges per step fit "
            f"{' and '.join(f'VPP {v} x {m} micro-batches' for v, m in fits)}, and the forward passes "
            "(full recompute re-runs forwards) do not choose")
     return replace(lay, sizes={**s, "vpp": None, "microbatches": None}, source={**src, "vpp": why, "microbatches": why})
