@@ -9,10 +9,15 @@ PLAN_STEPS = 4
 # a plan step must shorten the replayed step by this share of it: less is inside the replay's own
 # latency model and the run-to-run noise of a timer (5-10% of a step, docs/fixes.md)
 PLAN_MIN_GAIN_SHARE = 0.005
+# how a schedule step's gain was taken (``plan[].applied_as``): a PP schedule change, a larger micro-batch
+SCHEDULE_STEP = ("step delta: the pipeline schedule simulated with this change on top of the plan's schedule changes "
+                 "before it, run by the stages less the graph fixes' savings before it")
+MICROBATCH_STEP = ("step delta: its host saving replayed on top of the graph's steps before it, priced by the pipeline "
+                   "schedule simulated with fewer, larger micro-batches")
 
 
 def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None = None,
-             covered: frozenset = frozenset()) -> list[dict]:
+             covered: frozenset = frozenset(), tried: dict | None = None) -> list[dict]:
     """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from
     ``start``: (weights, replayed step ms) of the step without the profiler. Each step takes
     the larger of the best graph fix (replayed on the graph's steps before it; on a pipelined job
@@ -28,17 +33,19 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     not in it, that wall's applicable fixes (``walls``: wall -> ``fixes.select`` rows) join it,
     so the fix after "then the X wall" can be an X fix (the plan classifies again). ``covered``:
     the walls whose fixes ``chosen`` already holds (the verdict's and runner-up's; a pitfall's
-    fix alone does not cover its wall)."""
+    fix alone does not cover its wall). ``tried``: the prices' replays of graph fixes from
+    ``start`` at their best (fix id -> (weights, outcome)), taken as they are there."""
     pool = _Pool(r, table, walls or {})
     pool.add([f for f in chosen if f["id"] in prices and (prices[f["id"]].best_ms > 0 or _reschedules(r, table[f["id"]]["transform"]))])
     pool.covered |= set(covered)
     weights, now = start
+    seeds = tried if tried is not None else {}  # emptied at the first graph step: its replays are freed
     applied, wall, plan, path = [], None, [], _Path(r)
     weights_out, rescheduled = r.untraced_out, {}  # the graph's current outcome; larger micro-batch gains on it
     trials, graph_moved = [], True  # the graph trials' replays hold until a graph step (or the pool) moves
     while (pool.graph or pool.sched) and len(plan) < PLAN_STEPS:
-        if graph_moved:
-            trials, graph_moved = _graph_trials(r, pool.graph, table, weights), False
+        if graph_moved:  # from the start, a fix the prices replayed is not replayed again
+            trials, graph_moved = _graph_trials(r, pool.graph, table, weights, seeds), False
         g = _best_graph_trial(r, trials, applied, weights, weights_out)
         s = _best_schedule_trial(r, pool.sched, table, applied, weights, weights_out, rescheduled)
         gain_g = min(g[0], now) if g else float("-inf")
@@ -49,6 +56,7 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
             before_out = weights_out
             _, f, weights, weights_out = g
             rescheduled, graph_moved = {}, True  # a larger micro-batch's saving is replayed again
+            seeds.clear()  # off the start: the prices' replays no longer apply
             wall = path.after_graph(table[f["id"]]["transform"], g[0], before_out, weights_out, weights)
             now -= gain_g
             plan.append(dict(id=f["id"], gain_ms=round(gain_g, 2), step_ms_after=round(now - step + measured, 2),
@@ -60,12 +68,8 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
             now -= gain_s
             applied.append(spec)
             plan.append(dict(id=f["id"], gain_ms=round(gain_s, 2), step_ms_after=round(now - step + measured, 2),
-                             wall_after=wall, applied_as=(
-                                 "step delta: the pipeline schedule simulated with this change on top of the plan's "
-                                 "schedule changes before it, run by the stages less the graph fixes' savings before it"
-                                 if spec["kind"] == pipeline_schedule.KIND
-                                 else "step delta: its host saving replayed on top of the graph's steps before it, priced "
-                                      "by the pipeline schedule simulated with fewer, larger micro-batches")))
+                             wall_after=wall, applied_as=SCHEDULE_STEP if spec["kind"] == pipeline_schedule.KIND
+                             else MICROBATCH_STEP))
             pool.sched = [x for x in pool.sched if x is not f]
         graph_moved |= pool.take_wall(wall)
         # more micro-batches and fewer, larger ones are opposite changes: one of them is taken
@@ -123,15 +127,19 @@ class _Pool:
         return self.add(self.walls.get(wall, ()))
 
 
-def _graph_trials(r, left: list, table: dict, weights) -> list:
+def _graph_trials(r, left: list, table: dict, weights, tried: dict | None = None) -> list:
     """Each graph fix of ``left`` applied on ``weights`` and replayed: (fix, spec, weights after,
     outcome); a fix with nothing to act on is left out. In the fixes table's order (the order to
     try them), so that of two fixes with one transform (a specific one and its general form) the
-    plan takes the first: the best trial is the first of equal gains."""
+    plan takes the first: the best trial is the first of equal gains. ``tried``: those already
+    replayed on ``weights`` (fix id -> (weights after, outcome))."""
     order = {fid: i for i, fid in enumerate(table)}
-    trials = []
+    trials, tried = [], tried if tried is not None else {}
     for f in sorted(left, key=lambda f: order.get(f["id"], len(order))):
         spec = table[f["id"]]["transform"]
+        if f["id"] in tried:
+            trials.append((f, spec, *tried[f["id"]]))
+            continue
         w = transforms.apply(spec, "best", r.traces, weights, r.ctx)
         if w is not None:
             trials.append((f, spec, w, r.replay(w)))

@@ -227,9 +227,10 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     # job that runs without it, where the host's calls cost less (docs/replay.md)
     pool = chosen + [f for f in plan_also if f["id"] not in {c["id"] for c in chosen}]
     asked = dict.fromkeys(i for i in (*also, *quiet) if i not in {f["id"] for f in pool})
-    prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced)
+    tried: dict = {}  # the graph fixes' best replays from the start: the plan's first step tries them again
+    prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced, tried=tried)
     plan = fix_plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured, plan_walls,
-                    frozenset(f["wall"] for f in chosen if f.get("wall")))
+                    frozenset(f["wall"] for f in chosen if f.get("wall")), tried)
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
         # traced run would show (the captured step, profiler kept), for pairs judged on traced windows
         traced = price_requests(r, also, table, traced=True)
@@ -309,11 +310,13 @@ def _value(text: str):
 
 
 def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out: scenario.Outcome,
-           traced: bool = False) -> dict:
+           traced: bool = False, tried: dict | None = None) -> dict:
     """Each fix's gain: the step from ``start`` (weights, replayed as ``start_out``) replayed
     with the fix's transform at its low, best and high parameters, against it; the schedule's
     fixes on the stages without the profiler, or as captured (``traced``). Without the profiler
-    the range also holds the best transform on the host at each of ``Replayer.host_factors``."""
+    the range also holds the best transform on the host at each of ``Replayer.host_factors``.
+    ``tried``: gets each lone graph fix's replay at its best (fix id -> (weights, outcome)), as
+    the plan's first step would replay it from ``start``."""
     prices = {}
     stages = r.stages if traced else r.untraced_stages
     variants = () if traced else r.host_variants
@@ -340,6 +343,8 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
             gains[point] = g
         if len(gains) < 3:
             continue
+        if tried is not None and "w" in best and "parts" not in f:
+            tried[f["id"]] = (best["w"], best["out"])
         spread = [g for g in (_graph_gain(r, specs, "best", w, o, st) for _, w, o, st in variants) if g is not None]
         lo, hi = min(*gains.values(), *spread), max(*gains.values(), *spread)
         basis = notes.fixes_basis(r, specs, stages, traced)
