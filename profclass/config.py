@@ -96,7 +96,7 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
     ``ep_source``: where the layout's EP size came from ("inferred" from the traffic, or flags)."""
     cfg: dict[str, dict] = {}
     flags: dict[str, str | bool] = {}
-    overrides: dict[str, str | bool | None] = {}
+    overrides: dict[str, str | bool] = {}
     env: dict[str, str] = {}
     for p in profiles:
         flags.update(parse_flags(p.command))
