@@ -229,4 +229,5 @@ def config_facts(cfg: dict[str, dict]) -> dict:
                 platform=cfg["platform"]["value"], cuda_graphs=cfg["cuda_graphs"]["value"],
                 fp8=cfg["fp8"]["value"], recompute=cfg["recompute"]["value"] == "full",
                 moe=cfg["moe"]["value"] if "moe" in cfg else True,
-                scope=cfg["scope"]["value"] if "scope" in cfg else "training")
+                scope=cfg["scope"]["value"] if "scope" in cfg else "training",
+                launched_with_overrides="config_overrides" in cfg)

@@ -41,6 +41,8 @@ def render_reference() -> str:
             cond = ", ".join(f"{k}={v}" for k, v in f.get("requires", {}).items())
             lines.append(f"    - {f['id']}: {f['title']}")
             lines.append(f"      flags: {f['flags']}")
+            if f.get("overrides"):  # where the job is launched with Hydra overrides (Megatron-Bridge)
+                lines.append(f"      overrides: {f['overrides']}")
             lines.append(f"      why:   {f['why']}" + (f"  (when {cond})" if cond else ""))
     lines += ["", "CONFIGURATION RULES (pitfalls)", ""]
     for r in ref["rules"]:

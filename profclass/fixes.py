@@ -84,12 +84,13 @@ def _applies(fix: dict, ctx: dict, flags: dict) -> bool:
     return not any(_flag_on(flags, f) for f in fix.get("skip_if_flags", []))
 
 
-def _flags(fix: dict, ctx: dict) -> str:
-    """The fix's flags, with its MoE-only ones (``moe_flags``) where the job is MoE."""
-    extra = fix.get("moe_flags") if _context_matches(ctx, "moe", True) else None
-    if not extra:
-        return fix["flags"]
-    head, sep, tail = fix["flags"].partition(";")
+def _flags(fix: dict, ctx: dict, key: str = "flags") -> str | None:
+    """The fix's flags (``key``: or its Hydra ``overrides``), with its MoE-only ones (``moe_flags``,
+    ``moe_overrides``) where the job is MoE; None where the fix has none."""
+    said, extra = fix.get(key), fix.get(f"moe_{key}") if _context_matches(ctx, "moe", True) else None
+    if not said or not extra:
+        return said
+    head, sep, tail = said.partition(";")
     return f"{head} {extra}{sep}{tail}"
 
 
@@ -108,7 +109,10 @@ def select(walls: list[str], ctx: dict, flags: dict, numbers: dict, step_ms: flo
         for order, fix in enumerate(table):
             if fix["wall"] != wall or not _applies(fix, ctx, flags):
                 continue
-            out.append({"id": fix["id"], "wall": wall, "title": fix["title"], "flags": _flags(fix, ctx), "why": fix["why"],
+            # in the launch line's own terms where it set Hydra overrides (a Bridge recipe, NeMo)
+            said = _flags(fix, ctx, "overrides") if ctx.get("launched_with_overrides") else None
+            out.append({"id": fix["id"], "wall": wall, "title": fix["title"], "flags": _flags(fix, ctx), "overrides": said,
+                        "why": fix["why"],
                         "for": "verdict" if rank == 0 else "runner_up", **predict(fix, numbers, step_ms),
                         "table_order": order})
     out.sort(key=rank_key)

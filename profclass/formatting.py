@@ -74,6 +74,12 @@ def layout_lines(d) -> list[str]:
     return out
 
 
+def how_to_set(f: dict) -> tuple[str, str]:
+    """(label, text) of how to apply a fix: its Hydra overrides where the job was launched with
+    them and the fix has them (``fixes[].overrides``), else its Megatron-LM flags."""
+    return ("overrides", f["overrides"]) if f.get("overrides") else ("flags", f["flags"])
+
+
 def trade_off_text(f: dict) -> str:
     """What a fix gives up besides time (``fixes[].trade_off``), in words; '' where nothing."""
     t = f.get("trade_off")

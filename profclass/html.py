@@ -17,7 +17,7 @@ from . import timeline_view as tv
 from .classify import WALLS
 from .fixes import gain_text
 from .pitfalls import cost_text
-from .formatting import by_rank, layout_lines, pct, plan_steps, replay_lines, shorten, trade_off_text, \
+from .formatting import by_rank, how_to_set, layout_lines, pct, plan_steps, replay_lines, shorten, trade_off_text, \
     waits_ms_per_step, what_if_lines
 from .kernels import collective_name
 
@@ -187,7 +187,8 @@ def _fixes(d) -> list[str]:
     if d.fixes:
         items = [f"<li><b>{_e(f['title'])}</b> <span class=\"muted\">[{_e(f['wall'])}]</span> "
                  f"<span class=\"gain\">{_e(gain_text(f))}</span><br><span class=\"muted\">{_e(f['gain_basis'])}</span>"
-                 f"<br>flags: <code>{_e(f['flags'])}</code><br><span class=\"muted\">{_e(f['why'])}</span>"
+                 + "<br>{}: <code>{}</code>".format(*map(_e, how_to_set(f)))
+                 + f"<br><span class=\"muted\">{_e(f['why'])}</span>"
                  + (f"<br><b>{_e(trade_off_text(f))}</b>" if f.get("trade_off") else "") + "</li>"
                  for f in d.fixes]
         out += ["<p class=\"muted\">Predicted gains: the best estimate and its range (docs/fixes.md).</p>",

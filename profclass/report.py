@@ -9,8 +9,8 @@ from rich.table import Table
 from .classify import WALLS
 from .fixes import gain_text
 from .pitfalls import cost_text
-from .formatting import by_rank, layout_lines, md_cell, md_code, pct, plan_steps, replay_lines, trade_off_text, \
-    waits_ms_per_step, what_if_lines
+from .formatting import by_rank, how_to_set, layout_lines, md_cell, md_code, pct, plan_steps, replay_lines, \
+    trade_off_text, waits_ms_per_step, what_if_lines
 from .kernels import collective_name
 from .pipeline import Diagnosis
 
@@ -68,7 +68,7 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
         con.print("[bold]Fixes to try[/bold] (predicted gain, best estimate and range):")
         for i, f in enumerate(d.fixes, 1):
             trade = f"\n   {trade_off_text(f)}" if f.get("trade_off") else ""
-            con.print(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   flags: {f['flags']}{trade}\n"
+            con.print(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   {': '.join(how_to_set(f))}{trade}\n"
                       f"   why: {f['why']}\n   gain: {f['gain_basis']}")
     for p in d.pitfalls:
         con.print(f"[bold]Pitfall[/bold]: {p.get('rule', '')}: {p.get('message', '')}{cost_text(p)}")
@@ -134,7 +134,7 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
     lines += [x for line in what_if_lines(d) for x in ("", md_cell(line))]
     if d.fixes:
         lines += ["", "### Fixes (predicted gain: best estimate and range)", ""]
-        lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(f['flags'])}. {f['why']} "
+        lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(how_to_set(f)[1])}. {f['why']} "
                   f"Gain: {md_cell(f['gain_basis'])}."
                   + (f" {md_cell(trade_off_text(f))}." if f.get("trade_off") else "")
                   for i, f in enumerate(d.fixes, 1)]

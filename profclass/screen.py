@@ -13,7 +13,7 @@ import textwrap
 
 from .classify import WALLS
 from .fixes import gain_text
-from .formatting import layout_lines, pct, plan_steps, replay_lines, shorten, trade_off_text, what_if_lines
+from .formatting import how_to_set, layout_lines, pct, plan_steps, replay_lines, shorten, trade_off_text, what_if_lines
 from .pitfalls import cost_text
 
 # a terminal's first screen: 40 of the usual 45-50 rows, leaving the prompt and the command in view
@@ -87,7 +87,8 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
     for i, f in enumerate(d.fixes[:TOP_FIXES], 1):
         head = wrap(f"{i}. [{f['wall']}] {f['title']} ({gain_text(f)})", "   ")
         trade = wrap(f"   {trade_off_text(f)}", "   ") if f.get("trade_off") else []
-        blocks.append((f"fix {i}", head + wrap(f"   flags: {shorten(f['flags'], 2 * width - 12)}", "   ") + trade))
+        label, said = how_to_set(f)
+        blocks.append((f"fix {i}", head + wrap(f"   {label}: {shorten(said, 2 * width - 7 - len(label))}", "   ") + trade))
     if d.fixes:
         blocks.insert(len(blocks) - min(len(d.fixes), TOP_FIXES),
                       ("fixes", [f"Fixes to try ({len(d.fixes)}; predicted gain, best estimate and range):"]))
