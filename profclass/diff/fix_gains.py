@@ -127,13 +127,13 @@ def _timeline_signs(d) -> dict:
                 # compute ran beside (``communication.beside_compute``)
                 dp=beside_compute(collectives, DP_REDUCTIONS), dp_gather=beside_compute(collectives, ("all_gather",)),
                 routing=_routing(d),  # balance:ep compares the two (``balanced_routing``)
-                frees=_frees_per_step(d),  # churn:gone
+                frees=_per_step(d.devices, "free_calls"),  # churn:gone: device frees a step
                 pauses=_pauses(d))  # pauses:gone
 
 
-def _frees_per_step(d) -> float:
-    """The GPUs' mean of device frees a step (``features.free_calls`` over the iterations)."""
-    per = [(dv["features"].get("free_calls") or 0) / max(dv["features"].get("iterations") or 1, 1) for dv in d.devices]
+def _per_step(devices: list[dict], key: str) -> float:
+    """The GPUs' mean of ``features[key]`` a step (over each GPU's iterations); 0 without GPUs."""
+    per = [(dv["features"].get(key) or 0) / max(dv["features"].get("iterations") or 1, 1) for dv in devices]
     return float(np.mean(per)) if per else 0.0
 
 
@@ -150,10 +150,8 @@ def _pauses(d) -> tuple[float, bool, int]:
     steps a GPU's window holds)."""
     devs = getattr(d, "devices", None) or []
     marked = any(dv["features"].get("gc_ns") for dv in devs)
-    key = "gc_ns" if marked else "pause_ns"
-    per = [(dv["features"].get(key) or 0) / max(dv["features"].get("iterations") or 1, 1) for dv in devs]
-    return (float(np.mean(per)) if per else 0.0), marked, min((dv["features"].get("iterations") or 0 for dv in devs),
-                                                               default=0)
+    fewest = min((dv["features"].get("iterations") or 0 for dv in devs), default=0)
+    return _per_step(devs, "gc_ns" if marked else "pause_ns"), marked, fewest
 
 
 def _pauses_gone(b: tuple[float, bool, int], c: tuple[float, bool, int]) -> bool:
