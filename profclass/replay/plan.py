@@ -127,14 +127,14 @@ class _Pool:
         return self.add(self.walls.get(wall, ()))
 
 
-def _graph_trials(r, left: list, table: dict, weights, tried: dict | None = None) -> list:
+def _graph_trials(r, left: list, table: dict, weights, tried: dict) -> list:
     """Each graph fix of ``left`` applied on ``weights`` and replayed: (fix, spec, weights after,
     outcome); a fix with nothing to act on is left out. In the fixes table's order (the order to
     try them), so that of two fixes with one transform (a specific one and its general form) the
     plan takes the first: the best trial is the first of equal gains. ``tried``: those already
     replayed on ``weights`` (fix id -> (weights after, outcome))."""
     order = {fid: i for i, fid in enumerate(table)}
-    trials, tried = [], tried if tried is not None else {}
+    trials = []
     for f in sorted(left, key=lambda f: order.get(f["id"], len(order))):
         spec = table[f["id"]]["transform"]
         if f["id"] in tried:
