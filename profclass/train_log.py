@@ -13,7 +13,7 @@ Formats, tried in this order (the first one with a matching line is the log's):
 - NeMo's ``ProgressPrinter`` line (nemo/lightning/pytorch/callbacks/progress_printer.py:
   ``Training epoch E, iteration N/T | ... | train_step_timing in s: X``): a mean over its log
   interval too, in seconds; N counts within the epoch (a pre-training run is one epoch);
-- this repository's workloads' ``STEP_MS it=N ms=X`` (fixtures/workloads/megatron_layouts.py),
+- this repository's workloads' ``STEP_MS it=N ms=X`` (workloads/megatron_layouts.py),
   one line per iteration, and its ``mean step over iters A..B`` line naming the captured steps;
 - anything else: ``--train-log-regex`` with one named group ``ms`` (or ``s``) and optionally
   ``it`` (without it the matches are iterations 1, 2, ... in order).
@@ -98,7 +98,7 @@ class TrainLog:
     def marked(self) -> tuple[ProfiledRange, ...]:
         """The profiled range the log itself names: its captured steps and the step either side
         (the workloads time each step start to start, so the step before the capture holds the
-        profiler's start and the one after its stop: fixtures/workloads/megatron_layouts.py)."""
+        profiler's start and the one after its stop: workloads/megatron_layouts.py)."""
         if self.captured is None:
             return ()
         a, b = self.captured

@@ -5,7 +5,7 @@ the fortieth's CD, CE and CF, the forty-first's DA, DB and DC, the forty-second'
 forty-third's DG, DH, DI and DK, the forty-fourth's EA, EC and EE, the forty-fifth's FC and the forty-sixth's GA
 (docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/,
 s35/, s36/, s37/, s38/, s39/, s40/, s41/, s42/, s43/, s44/, s45/: its twins' ROUTING lines left out, and s46/) by
-fixtures/workloads/judge_pairs.py's rule. Each pair's
+workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
 committed before the run) or from the prices the call wrote on its machine (AP, AQ), never from
 the outcome tables, so what the notebook reports is recomputed here from the logs. The bases of
@@ -29,7 +29,7 @@ def _module(name: str, path):
 
 
 gain_pairs = _module("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
-judge_pairs = _module("judge_pairs", ROOT / "fixtures" / "workloads" / "judge_pairs.py")
+judge_pairs = _module("judge_pairs", ROOT / "workloads" / "judge_pairs.py")
 LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtures/timers/s30/",
         "AS": "fixtures/timers/s30/", "AU": "fixtures/timers/s32/", "AW": "fixtures/timers/s32/",
         "AX": "fixtures/timers/s32/", "BB": "fixtures/timers/s33/",
