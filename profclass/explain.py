@@ -48,4 +48,6 @@ def render_reference() -> str:
     for r in ref["rules"]:
         lines.append(f"  {r['id']}: {r['title']}")
         lines.append(f"      when {' and '.join(r['when'])}; fix: {r['fix']}")
+        if r.get("overrides"):  # the same fix as Hydra overrides (Megatron-Bridge)
+            lines.append(f"      overrides: {r['overrides']}")
     return "\n".join(lines) + "\n"

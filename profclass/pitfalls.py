@@ -111,7 +111,10 @@ def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scop
             ms, basis = (None, None) if g is None else (max(0.0, g.estimate_ms), g.basis)
         else:
             ms = None
+        # in the launch line's own terms where it set Hydra overrides (a Bridge recipe, NeMo)
+        said = rule.get("overrides") if fact_values.get("launched_with_overrides") else None
         out.append({"id": rule["id"], "rule": rule["id"], "title": rule["title"], "message": rule["message"], "fix": rule["fix"],
+                    "overrides": said,
                     "cost_ms_per_step": None if ms is None else round(ms, 2),
                     "cost_pct": None if ms is None or not step_ms else round(100 * ms / step_ms, 1),
                     "cost_basis": None if ms is None else basis,
@@ -119,13 +122,21 @@ def check(fact_values: dict[str, bool], cost_numbers: dict, step_ms: float, scop
     return out
 
 
+def how_to_fix(p: dict) -> str:
+    """A pitfall's fix in the launch line's terms: its Hydra overrides where the job was launched
+    with them and the rule has them (``pitfalls[].overrides``), else its flags' text."""
+    return p.get("overrides") or p.get("fix", "")
+
+
 def cost_text(p: dict) -> str:
-    """A pitfall's cost in words, for the text/Markdown/HTML reports ("" when unpriced)."""
+    """A pitfall's cost and fix in words, for the text/Markdown/HTML reports (the fix alone when
+    unpriced)."""
+    fix = f" Fix: {how_to_fix(p)}."
     if p.get("cost_ms_per_step") is None:
-        return ""
+        return fix
     how = "replayed" if str(p.get("cost_basis") or "").startswith("replay:") else "measured"
     pct = "" if p.get("cost_pct") is None else f", {p['cost_pct']:.0f}% of the step"
-    return f" Costs ~{p['cost_ms_per_step']:.1f} ms/step{pct} ({how}). Fix: {p.get('fix', '')}."
+    return f" Costs ~{p['cost_ms_per_step']:.1f} ms/step{pct} ({how}).{fix}"
 
 
 def _priced_by() -> dict:

@@ -355,4 +355,6 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
 def _pair_pitfalls(b: Diagnosis, c: Diagnosis, step_ms: float) -> list[dict]:
     from ..pitfalls import check, diff_facts
 
-    return check(diff_facts(run_flags(b.config), run_flags(c.config)), {}, step_ms, scope="diff")
+    # told as overrides where either side was launched with them (a Bridge recipe, NeMo)
+    launched = {"launched_with_overrides": any("config_overrides" in d.config for d in (b, c))}
+    return check({**diff_facts(run_flags(b.config), run_flags(c.config)), **launched}, {}, step_ms, scope="diff")

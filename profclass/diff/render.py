@@ -6,6 +6,7 @@ import io
 from ..classify import WALLS
 from ..formatting import md_cell, p_value, shorten, signed_ms
 from ..kernels import collective_label
+from ..pitfalls import how_to_fix
 from .compare import DiffResult
 from .fix_gains import fix_gain_lines
 from .split import split_lines
@@ -51,7 +52,7 @@ def render_text(r: DiffResult, width: int = 120, top: int = 12) -> str:
     for line in fix_gain_lines(r.fix_gains):
         con.print(f"Known fix: {line}")
     for p in r.pitfalls:
-        con.print(f"Pitfall ({p['rule']}): {p['message']} Fix: {p['fix']}")
+        con.print(f"Pitfall ({p['rule']}): {p['message']} Fix: {how_to_fix(p)}")
     for n in r.notes:
         con.print(f"Note: {n}")
     return buf.getvalue()
@@ -158,5 +159,5 @@ def render_markdown(r: DiffResult, top: int = 10) -> str:
     for n in r.notes:
         lines += ["", f"Note: {n}."]
     for p in r.pitfalls:
-        lines += ["", f"**Pitfall** ({p['rule']}): {p['message']} Fix: `{p['fix']}`."]
+        lines += ["", f"**Pitfall** ({p['rule']}): {p['message']} Fix: `{how_to_fix(p)}`."]
     return "\n".join(lines) + "\n"
