@@ -96,9 +96,13 @@ def test_empty_file(tmp_path):
     assert_bad_input([f], f, "empty file")
 
 
+# the corpus's one zstd export (the others are xz): an older nsys release's, a real diagnosable export
+ZST = PROFILES / "schemas" / "host_1gpu_nsys2023.4.4_no_cuda_events.sqlite.zst"
+
+
 def test_corrupt_zstd(tmp_path):
     f = tmp_path / "cut.sqlite.zst"
-    f.write_bytes((PROFILES / "compute_1gpu_gpumetrics.sqlite.zst").read_bytes()[:50_000])
+    f.write_bytes(ZST.read_bytes()[:ZST.stat().st_size // 2])
     assert_bad_input([f], f, "corrupt zstd file")
 
 
@@ -383,21 +387,21 @@ def test_bad_iteration_regex(tmp_path):
 
 def test_corrupt_xz(tmp_path):
     import lzma
-    payload = zstandard.ZstdDecompressor().decompressobj().decompress(
-        (PROFILES / "compute_1gpu_gpumetrics.sqlite.zst").read_bytes())
+    payload = zstandard.ZstdDecompressor().decompressobj().decompress(ZST.read_bytes())
     f = tmp_path / "cut.sqlite.xz"
-    f.write_bytes(lzma.compress(payload)[:50_000])
+    whole = lzma.compress(payload)
+    f.write_bytes(whole[:len(whole) // 2])
     assert_bad_input([f], f, "corrupt xz file")
 
 
 def test_xz_reads_like_zst(tmp_path):
-    """An .sqlite.xz is the same export as its .sqlite.zst: the same diagnosis."""
+    """An .sqlite.zst is the same export as its .sqlite.xz: the same diagnosis."""
     import lzma
 
     import profclass
-    src = PROFILES / "compute_1gpu_gpumetrics.sqlite.zst"
-    f = tmp_path / "compute_1gpu_gpumetrics.sqlite.xz"
-    f.write_bytes(lzma.compress(zstandard.ZstdDecompressor().decompressobj().decompress(src.read_bytes())))
+    src = PROFILES / "compute_1gpu_gpumetrics.sqlite.xz"
+    f = tmp_path / "compute_1gpu_gpumetrics.sqlite.zst"
+    f.write_bytes(zstandard.ZstdCompressor().compress(lzma.decompress(src.read_bytes())))
     a, b = (profclass.diagnose(str(p)).to_json().replace(str(p), "INPUT") for p in (src, f))
     assert a == b
 
@@ -406,7 +410,7 @@ def test_zst_of_several_frames_reads_whole(tmp_path):
     """The completeness check must not stop at the first frame (pzstd writes several)."""
     from profclass.inputs import _decompress
     payload = zstandard.ZstdDecompressor().decompressobj().decompress(
-        (PROFILES / "compute_1gpu_gpumetrics.sqlite.zst").read_bytes())
+        ZST.read_bytes())
     z = zstandard.ZstdCompressor()
     half = len(payload) // 2
     f = tmp_path / "frames.sqlite.zst"
