@@ -205,3 +205,55 @@ def test_pauses_gone_beside_a_changed_setting_is_not_manual_gc(flagless):
     vpp = "--virtual-pipeline-model-parallel-size"  # read off the timeline: the setting that changed
     sides = [_settings(profclass.diagnose(flagless(n))) for n in ("mcore_gb_pp4s_vpp2_m8", "mcore_gb_pp4s_m8")]
     assert [s.get(vpp) for s in sides] == [2, None]
+
+
+def _capacity_flags(command, args):
+    """The padded twin's launch line as Megatron-LM's flags would say it (the timeline untouched)."""
+    return command, args + ["--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"]
+
+
+def test_a_flagless_drop_and_pad_pair_is_recognised_by_its_syncs(tmp_path):
+    """mcore_moe1_dropless -> mcore_moe1_padded (call IA: capacity padding set in the wrapper's YAML,
+    no flag on either launch line): the dispatcher's token-count syncs gone (3 host syncs a step ->
+    1, the loss's) say drop-and-pad (syncs:gone), priced by the replay as the registered price was,
+    and the candidate relaunched with the capacity flags is the same fix by flag, at the same price
+    and realized gain."""
+    from profclass.diff.fix_gains import _syncs
+
+    base, cand = str(profile_path("mcore_moe1_dropless")), str(profile_path("mcore_moe1_padded"))
+    bare = diff(base, cand)
+    (row,) = bare.fix_gains
+    assert (row["fix"], row["detected_by"]) == ("moe_drop_and_pad", "syncs:gone")
+    assert f"moe_drop_and_pad: {TIMELINE_CAVEATS['syncs:gone']}" in bare.notes
+    assert row["gain_basis"].startswith("replay:static_shapes")
+    flagged = diff(base, relaunched("mcore_moe1_padded", tmp_path / "c.sqlite", _capacity_flags))
+    (twin,) = flagged.fix_gains
+    assert (twin["fix"], twin["detected_by"]) == ("moe_drop_and_pad", "on:--moe-pad-expert-input-to-capacity")
+    assert row["predicted_gain_ms"] == pytest.approx(twin["predicted_gain_ms"], abs=0.011)
+    assert row["realized_gain_ms"] == pytest.approx(twin["realized_gain_ms"], abs=0.011)
+    # reversed (padding taken off) the syncs come back: nothing is read as drop-and-pad
+    assert not [r for r in diff(cand, base).fix_gains if r["fix"] == "moe_drop_and_pad"]
+
+
+def test_syncs_gone_holds_on_the_drop_and_pad_pair_alone():
+    """Over every committed gain pair whose two sides are snapshotted (27, 22 of them MoE on both
+    sides), syncs:gone holds on the drop-and-pad pair only: a bigger micro-batch (fewer syncs a
+    step, but the rows a micro-batch grown) does not, nor recompute off (the recomputed forward's
+    syncs gone, 18.5 -> 10.5 a step on mcore_rc_full_ample: not to half; where it were, the pair's
+    change:recompute is recognised, beside which the sign names nothing, ALONE_ONLY)."""
+    import tomllib
+    from types import SimpleNamespace
+
+    from profclass.diff.fix_gains import ALONE_ONLY, _syncs, _syncs_gone
+
+    def syncs(name):
+        return _syncs(SimpleNamespace(**json.loads((SNAPSHOTS / f"{name}.json").read_text())))
+
+    corpus = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "corpus.toml").read_text())
+    pairs = [p for p in corpus["gain_pair"] if all((SNAPSHOTS / f"{p[k]}.json").exists() for k in ("base", "candidate"))]
+    hits = [(p["base"], p["fix"]) for p in pairs if _syncs_gone(syncs(p["base"]), syncs(p["candidate"]))]
+    assert hits == [("mcore_moe1_dropless", "moe_drop_and_pad")] and "syncs:gone" in ALONE_ONLY
+    assert len(pairs) >= 27
+    # the work split differently is no sync gone: four rows a micro-batch for one
+    assert not _syncs_gone((True, 9.0, 4, 1024.0), (True, 3.0, 1, 4096.0))
+    assert not _syncs_gone((False, 9.0, 4, 1024.0), (False, 1.0, 4, 1024.0))  # no MoE either side

@@ -35,6 +35,12 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
                        them (``_pauses_gone``): the collector taken off the steps, as --manual-gc does;
                        only where no setting changed (flags, overrides, the layout's sizes, the
                        configuration items) and no other fix is recognised (``ALONE_ONLY``)
+    syncs:gone         a MoE job's dispatcher stopped syncing on the token counts (``_syncs_gone``): MoE
+                       on both sides, the same micro-batches a step of the same rows, and the base's
+                       host syncs a step fall by at least one a micro-batch (one MoE layer's), to half
+                       or fewer: its expert inputs padded to capacity, as drop-and-pad does; only
+                       where no other fix is recognised (``ALONE_ONLY``: recompute off, DeepEP or CUDA
+                       graphs end such syncs too, and are recognised by their own signs)
 
 Where a flag is absent its value may come from the layout (``_LAYOUT_FLAGS``: the micro-batch
 count and VPP read off the timeline); where ``--micro-batch-size`` is, the rows a normalisation
@@ -128,7 +134,8 @@ def _timeline_signs(d) -> dict:
                 dp=beside_compute(collectives, DP_REDUCTIONS), dp_gather=beside_compute(collectives, ("all_gather",)),
                 routing=_routing(d),  # balance:ep compares the two (``balanced_routing``)
                 frees=_per_step(d.devices, "free_calls"),  # churn:gone: device frees a step
-                pauses=_pauses(d))  # pauses:gone
+                pauses=_pauses(d),  # pauses:gone
+                syncs=_syncs(d))  # syncs:gone
 
 
 def _per_step(devices: list[dict], key: str) -> float:
@@ -138,10 +145,11 @@ def _per_step(devices: list[dict], key: str) -> float:
 
 
 # conditions read off what comes and goes with the run by itself (a collection caught in one short
-# window and not the other): they name their fix only where no other fix is recognised, since
-# beside a recognised change the pauses are likelier chance than a second change (and only where
-# no setting changed either: ``_applied``)
-ALONE_ONLY = ("pauses:gone",)
+# window and not the other), or off what other changes also make (syncs ended by recompute off,
+# DeepEP, CUDA graphs): they name their fix only where no other fix is recognised, since beside a
+# recognised change they are likelier chance or that change's (pauses:gone also only where no
+# setting changed either: ``_applied``)
+ALONE_ONLY = ("pauses:gone", "syncs:gone")
 
 
 def _pauses(d) -> tuple[float, bool, int]:
@@ -159,6 +167,24 @@ def _pauses_gone(b: tuple[float, bool, int], c: tuple[float, bool, int]) -> bool
     could show them: its GC ranges are marked as the base's were (the same job marks its
     collections), or it holds the 3 steps ``host_pauses`` needs to tell a pause from the rhythm."""
     return b[0] > 0 and c[0] == 0 and (b[1] or c[2] >= 3)
+
+
+def _syncs(d) -> tuple[bool, float, int, float]:
+    """One side's host syncs as ``syncs:gone`` reads them: (MoE, ``config.moe``; the GPUs' mean host
+    syncs a step, ``features.sync_calls``; the micro-batches a step, the layout's; the rows a
+    micro-batch, ``features.norm_rows``, the GPUs' median)."""
+    moe = bool(((getattr(d, "config", None) or {}).get("moe") or {}).get("value"))
+    m = ((getattr(d, "layout", None) or {}).get("sizes") or {}).get("microbatches") or 1
+    rows = [dv["features"].get("norm_rows") or 0 for dv in getattr(d, "devices", None) or []]
+    return moe, _per_step(getattr(d, "devices", None) or [], "sync_calls"), int(m), float(np.median(rows) if rows else 0)
+
+
+def _syncs_gone(b: tuple[bool, float, int, float], c: tuple[bool, float, int, float]) -> bool:
+    """``syncs:gone``: both MoE, the work split alike (micro-batches a step, rows a micro-batch),
+    and the base's syncs a step fall by at least one a micro-batch (a dropless dispatcher waits on
+    its token counts once per MoE layer and micro-batch: Megatron-Core's alltoall dispatcher's
+    ``d2h_event.synchronize``, none when padded to capacity) to half or fewer."""
+    return b[0] and c[0] and b[2:] == c[2:] and b[1] - c[1] >= b[2] and c[1] <= b[1] / 2
 
 
 def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
@@ -195,6 +221,8 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
         return kb["frees"] >= 1 > kc["frees"], 1.0
     if kind == "pauses":  # pauses:gone, where no setting either side shows changed
         return _pauses_gone(kb["pauses"], kc["pauses"]) and sb == sc, 1.0
+    if kind == "syncs":  # syncs:gone
+        return _syncs_gone(kb["syncs"], kc["syncs"]), 1.0
     raise ValueError(f"fixes.toml applied_when: unknown condition {cond!r}")
 
 
@@ -337,6 +365,8 @@ TIMELINE_CAVEATS = {
                    "window that caught no collection by chance, or a smaller heap, reads the same",
     "balance:ep": "balanced routing read off the EP work spread (no routing flag on a launch line): learned "
                   "routing that evened out by itself between the two captures reads the same",
+    "syncs:gone": "drop-and-pad read off the host syncs (no capacity flag on a launch line): the dispatcher's "
+                  "per-micro-batch token-count syncs gone; any other change that ends them reads the same",
 }
 
 
