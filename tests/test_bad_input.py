@@ -96,7 +96,8 @@ def test_empty_file(tmp_path):
     assert_bad_input([f], f, "empty file")
 
 
-# the corpus's one zstd export (the others are xz): an older nsys release's, a real diagnosable export
+# the corpus's one zstd export (the others are xz): an older nsys release's, a real export that holds no
+# kernels (tests/test_schemas.py reads it), which is all the reader's tests need
 ZST = PROFILES / "schemas" / "host_1gpu_nsys2023.4.4_no_cuda_events.sqlite.zst"
 
 
