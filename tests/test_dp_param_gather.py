@@ -49,13 +49,20 @@ def test_diff_reads_the_gather_moved_beside_the_forward():
 
 
 def test_a_subsumed_fix_names_one_whose_transform_makes_its_change():
-    """``subsumed_by``: where both apply in one pair (the reductions and the gather overlapped at
-    once), diff credits the fix whose transform moves both: dp_overlap_grad_reduce's overlap with
-    the parameter gather bucketed too."""
+    """``subsumed_by``: where both apply in one pair, diff credits the fix whose transform makes
+    the other's change too. The reductions and the gather overlapped at once:
+    dp_overlap_grad_reduce's overlap with the parameter gather bucketed too. Padded to capacity
+    (both capacity flags): drop-and-pad's static_shapes, which runs ep_balance_routing's balance
+    (replay/transforms.py ``_static_shapes``) and adds static shapes and unblocked syncs."""
     table = {f["id"]: f for f in load_table()}
     subsumed = {i: f["subsumed_by"] for i, f in table.items() if f.get("subsumed_by")}
-    assert subsumed == {"dp_overlap_param_gather": "dp_overlap_grad_reduce"}
-    for fix_id, by in subsumed.items():
-        mine, theirs = table[fix_id]["transform"], table[by]["transform"]
-        assert theirs["kind"] == mine["kind"] and theirs.get("param_gather") == mine["param_gather"] == 1
-        assert mine["reduce"] == 0 and theirs.get("reduce", 1) == 1
+    assert subsumed == {"dp_overlap_param_gather": "dp_overlap_grad_reduce", "ep_balance_routing": "moe_drop_and_pad"}
+    mine, theirs = table["dp_overlap_param_gather"]["transform"], table["dp_overlap_grad_reduce"]["transform"]
+    assert theirs["kind"] == mine["kind"] and theirs.get("param_gather") == mine["param_gather"] == 1
+    assert mine["reduce"] == 0 and theirs.get("reduce", 1) == 1
+    import inspect
+
+    from profclass.replay import transforms
+    assert table["ep_balance_routing"]["transform"]["kind"] == "balance"
+    assert table["moe_drop_and_pad"]["transform"]["kind"] == "static_shapes"
+    assert "_balance(" in inspect.getsource(transforms._static_shapes)

@@ -224,9 +224,8 @@ def _pool_map(paths: list[str]) -> list[dict]:
 def test_corrupted_fixtures(tmp_path, fixture_hashes, private_tmp, nsys, monkeypatch):
     monkeypatch.setenv("NSYS", nsys)  # damaged .nsys-rep reports go through a real nsys export
     fixtures = committed_fixtures()
-    if not FULL:  # CI budget: the smallest SQLite fixture and the .nsys-rep
-        fixtures = [min((f for f in fixtures if f.name.endswith(".zst") and f.parent == PROFILES),
-                        key=lambda f: f.stat().st_size)]
+    if not FULL:  # CI budget: one small single-GPU export with GPU metrics, and the .nsys-rep
+        fixtures = [PROFILES / "compute_1gpu_gpumetrics.sqlite.xz"]
         fixtures += [f for f in committed_fixtures() if f.name.endswith(".nsys-rep")][:1]
     out = tmp_path / "damaged"
     out.mkdir()

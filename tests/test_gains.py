@@ -48,6 +48,8 @@ def test_pairs_name_real_fixes_and_profiles():
 # why; what was registered for them is the replay's prediction, judged in docs/notes.md)
 UNCOVERED = {"fp8_base_1gpu", "grouped_base_1gpu", "gc_base_1gpu", "graphs2_base_1gpu", "fp82_base_1gpu",
              "gc2_base_1gpu",
+             # call IA: drop-and-pad's share model prices the kernel loads alone (the replay prices the rest)
+             "mcore_moe1_dropless",
              # its 4 -> 16 and 4 -> 32 micro-batch pairs: the share model prices a doubling (the replay takes
              # the pair's factor); its overlapped VPP pairs with more micro-batches: two changes at once
              "mcore_wrapped_dense_tp2_pp2->w_dense_tp2_pp2_m16", "mcore_wrapped_dense_tp2_pp2->w_dense_tp2_pp2_m32",
@@ -138,15 +140,15 @@ def test_untraced_reruns_are_whole_and_paired():
         assert u["base"] != u["candidate"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met by the share models: 43 of "
-                   "83, all judged without the profiler; the misses explained in docs/fixes.md (replicates that "
+@pytest.mark.xfail(strict=True, reason="issue 15's target (80% of pairs) is not met by the share models: 42 of "
+                   "84, all judged without the profiler; the misses explained in docs/fixes.md (replicates that "
                    "disagree by more than the error, collector pauses, gains priced on the traced host)")
 def test_issue_target_80_percent_of_pairs(rows):
     assert sum(r["ok"] for r in rows) >= 0.8 * len(rows)
 
 
 @pytest.mark.xfail(strict=True, reason="issue 30's target (80% of the replayed pairs within max(15%, 3% of the "
-                   "step)) is not met: 59 of 82 untraced, 11 of 30 traced; docs/fixes.md 'Replayed gains' and "
+                   "step)) is not met: 59 of 83 untraced, 11 of 31 traced; docs/fixes.md 'Replayed gains' and "
                    "the issue-30 note give each miss's cause")
 def test_replay_target_80_percent_of_pairs(replay_rows):
     for judged in ("ok_untraced", "ok_traced"):
