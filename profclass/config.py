@@ -117,7 +117,7 @@ def derive(profiles: list[RawProfile], ops: pd.DataFrame, n_gpus: int, recompute
     cfg["platform"] = item(platform(gpu), "GPU name")
     cfg["gpus_in_job"] = item(n_gpus, "kernel activity per (process, device)")
     disp, src = _dispatcher(ops[ops["is_comm"]], n_gpus, ep_size, moe_router)
-    said = {**overrides, **flags}  # run_flags' view: a flag wins over an override of the same setting
+    said = run_flags(cfg)  # the flags and overrides just stored: a flag wins over an override of one setting
     source = lambda flag: "command line" if flag in flags else "command line (Hydra override)"  # noqa: E731
     flag_disp = said.get("--moe-token-dispatcher-type")
     if isinstance(flag_disp, str):
@@ -230,4 +230,10 @@ def config_facts(cfg: dict[str, dict]) -> dict:
                 fp8=cfg["fp8"]["value"], recompute=cfg["recompute"]["value"] == "full",
                 moe=cfg["moe"]["value"] if "moe" in cfg else True,
                 scope=cfg["scope"]["value"] if "scope" in cfg else "training",
-                launched_with_overrides="config_overrides" in cfg)
+                launched_with_overrides=launched_with_overrides(cfg))
+
+
+def launched_with_overrides(cfg: dict) -> bool:
+    """Whether the launch line set Hydra overrides (a Bridge recipe, NeMo): advice is then told as
+    overrides (``fixes[].overrides``, ``pitfalls[].overrides``)."""
+    return "config_overrides" in cfg

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..classify import WALLS
-from ..config import RUN_FLAG_ITEMS, run_flags
+from ..config import RUN_FLAG_ITEMS, launched_with_overrides, run_flags
 from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
 from ..kernels import collective_label
@@ -356,5 +356,5 @@ def _pair_pitfalls(b: Diagnosis, c: Diagnosis, step_ms: float) -> list[dict]:
     from ..pitfalls import check, diff_facts
 
     # told as overrides where either side was launched with them (a Bridge recipe, NeMo)
-    launched = {"launched_with_overrides": any("config_overrides" in d.config for d in (b, c))}
+    launched = {"launched_with_overrides": any(launched_with_overrides(d.config) for d in (b, c))}
     return check({**diff_facts(run_flags(b.config), run_flags(c.config)), **launched}, {}, step_ms, scope="diff")
