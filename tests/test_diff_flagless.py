@@ -65,6 +65,21 @@ def _snapshots():
             yield f.stem, json.loads(f.read_text())
 
 
+def _snapshot(name: str):
+    """A capture's committed JSON snapshot as the object fix_gains' sign readers take."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**json.loads((SNAPSHOTS / f"{name}.json").read_text()))
+
+
+def _snapshotted_pairs() -> list[dict]:
+    """Every committed gain pair whose base and candidate are both snapshotted."""
+    import tomllib
+
+    corpus = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "corpus.toml").read_text())
+    return [p for p in corpus["gain_pair"] if all((SNAPSHOTS / f"{p[k]}.json").exists() for k in ("base", "candidate"))]
+
+
 def _flags(d) -> dict:
     return ((d["config"].get("command_line_flags") or {}).get("value")) or {}
 
@@ -141,19 +156,13 @@ def test_balance_ep_holds_on_the_routing_pairs_alone():
     both with EP collectives) holds exactly where the pair balanced routing: no DP overlap, fabric,
     recompute or micro-batch pair reads as one. Two captures of one learned-routing job
     (mcore_alltoall_4gpu, its NVTX twin: 1.19% and 0.52% of the step) read as balanced neither way."""
-    import tomllib
-    from types import SimpleNamespace
-
     from profclass.diff.fix_gains import _routing, balanced_routing
 
     def routing(name):
-        return _routing(SimpleNamespace(**json.loads((SNAPSHOTS / f"{name}.json").read_text())))
+        return _routing(_snapshot(name))
 
-    corpus = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "corpus.toml").read_text())
     seen, moe = {True: 0, False: 0}, 0
-    for pair in corpus["gain_pair"]:
-        if not all((SNAPSHOTS / f"{pair[k]}.json").exists() for k in ("base", "candidate")):
-            continue
+    for pair in _snapshotted_pairs():
         rb, rc = routing(pair["base"]), routing(pair["candidate"])
         balanced = pair["fix"] == "ep_balance_routing"
         assert balanced_routing(rb, rc) == balanced, (pair["base"], pair["candidate"], rb, rc)
@@ -169,18 +178,10 @@ def test_pauses_gone_holds_on_the_manual_gc_pair_alone():
     manual-GC pair only. A weak negative test: on most bases no pause shows at all; the one
     capture with pauses (gb_pp4s_vpp2_m8, 22.4 ms a step unmarked) is a candidate here (the next
     test takes it as a base)."""
-    import tomllib
-    from types import SimpleNamespace
-
     from profclass.diff.fix_gains import _pauses, _pauses_gone
 
-    def pauses(name):
-        return _pauses(SimpleNamespace(**json.loads((SNAPSHOTS / f"{name}.json").read_text())))
-
-    corpus = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "corpus.toml").read_text())
-    hits = [(p["base"], p["fix"]) for p in corpus["gain_pair"]
-            if all((SNAPSHOTS / f"{p[k]}.json").exists() for k in ("base", "candidate"))
-            and _pauses_gone(pauses(p["base"]), pauses(p["candidate"]))]
+    hits = [(p["base"], p["fix"]) for p in _snapshotted_pairs()
+            if _pauses_gone(_pauses(_snapshot(p["base"])), _pauses(_snapshot(p["candidate"])))]
     assert hits == [("gc_base_1gpu", "host_gc")]
     # an unmarked pause cannot be told from the rhythm in under 3 steps: none seen there is not gone
     assert not _pauses_gone((5e6, False, 3), (0.0, False, 2)) and _pauses_gone((5e6, False, 3), (0.0, False, 3))
@@ -190,12 +191,9 @@ def test_pauses_gone_beside_a_changed_setting_is_not_manual_gc(flagless):
     """mcore_gb_pp4s_vpp2_m8 -> mcore_gb_pp4s_m8 (interleaving turned off): the base's window holds
     22.4 ms a step of unmarked pauses and the candidate's 3 steps none, so the pauses are gone,
     but VPP changed (off the timeline, with no flag): no manual GC is read into it."""
-    from types import SimpleNamespace
-
     from profclass.diff.fix_gains import _pauses, _pauses_gone
 
-    snap = {n: _pauses(SimpleNamespace(**json.loads((SNAPSHOTS / f"{n}.json").read_text())))
-            for n in ("mcore_gb_pp4s_vpp2_m8", "mcore_gb_pp4s_m8")}
+    snap = {n: _pauses(_snapshot(n)) for n in ("mcore_gb_pp4s_vpp2_m8", "mcore_gb_pp4s_m8")}
     assert _pauses_gone(snap["mcore_gb_pp4s_vpp2_m8"], snap["mcore_gb_pp4s_m8"])
     bare = diff(flagless("mcore_gb_pp4s_vpp2_m8"), flagless("mcore_gb_pp4s_m8"))
     assert "host_gc" not in {r["fix"] for r in bare.fix_gains}
@@ -220,6 +218,9 @@ def test_a_flagless_drop_and_pad_pair_is_recognised_by_its_syncs(tmp_path):
     and realized gain."""
     from profclass.diff.fix_gains import _syncs
 
+    # (MoE, host syncs a step, micro-batches a step, rows a micro-batch)
+    assert _syncs(_snapshot("mcore_moe1_dropless")) == (True, 3.0, 2, 4096.0)
+    assert _syncs(_snapshot("mcore_moe1_padded")) == (True, 1.0, 2, 4096.0)
     base, cand = str(profile_path("mcore_moe1_dropless")), str(profile_path("mcore_moe1_padded"))
     bare = diff(base, cand)
     (row,) = bare.fix_gains
@@ -241,17 +242,10 @@ def test_syncs_gone_holds_on_the_drop_and_pad_pair_alone():
     step, but the rows a micro-batch grown) does not, nor recompute off (the recomputed forward's
     syncs gone, 18.5 -> 10.5 a step on mcore_rc_full_ample: not to half; where it were, the pair's
     change:recompute is recognised, beside which the sign names nothing, ALONE_ONLY)."""
-    import tomllib
-    from types import SimpleNamespace
-
     from profclass.diff.fix_gains import ALONE_ONLY, _syncs, _syncs_gone
 
-    def syncs(name):
-        return _syncs(SimpleNamespace(**json.loads((SNAPSHOTS / f"{name}.json").read_text())))
-
-    corpus = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "corpus.toml").read_text())
-    pairs = [p for p in corpus["gain_pair"] if all((SNAPSHOTS / f"{p[k]}.json").exists() for k in ("base", "candidate"))]
-    hits = [(p["base"], p["fix"]) for p in pairs if _syncs_gone(syncs(p["base"]), syncs(p["candidate"]))]
+    pairs = _snapshotted_pairs()
+    hits = [(p["base"], p["fix"]) for p in pairs if _syncs_gone(_syncs(_snapshot(p["base"])), _syncs(_snapshot(p["candidate"])))]
     assert hits == [("mcore_moe1_dropless", "moe_drop_and_pad")] and "syncs:gone" in ALONE_ONLY
     assert len(pairs) >= 27
     # the work split differently is no sync gone: four rows a micro-batch for one
