@@ -17,7 +17,7 @@ from profclass.formatting import plan_steps, trade_off_text, what_if_lines
 from profclass.replay import collectives, routing, shapes
 from profclass.replay.run import replayer_of
 from profclass.replay.scenario import captured
-from profclass.replay.trace import COMM, COMPUTE
+from profclass.replay.trace import COMM, COMPUTE, MEMSET
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMERS = ROOT / "fixtures" / "timers.tar.xz"
@@ -101,6 +101,30 @@ def test_fixed_shapes_cut_only_launches_inside_the_experts_phase_and_never_add()
     # the GEMM launches' rule cuts a part of it
     assert (w.c_gap - shapes.repeat_shapes(t, w, None, None, 1.0).c_gap).sum() <= cut.sum()
 
+
+
+def test_a_kind_only_the_phase_runs_is_cut_to_its_threads_typical_launch_gap():
+    """On call IA's dropless capture, launches in the experts' phase whose kind (a GEMM, a memset,
+    else the kernel's name) runs nowhere else on their thread are cut to that thread's median gap
+    before its launches outside the phase, never below it; some of those kinds are the dropless
+    path's own, which the padded twin does not run at all."""
+    (t,) = _traces("mcore_moe1_dropless")
+    w = captured(t)
+    after = shapes.fixed_shapes(t, w, None, None, 1.0)
+    launch, tid = t.ops.launch, t.calls.c_tid
+    launched = launch >= 0
+    inside = launched & collectives.varying_stretches(t)
+    kind = np.where(t.ops.gemm, -2, np.where(t.ops.kind == MEMSET, -3, t.ops.name))
+    outside_kinds = set(zip(tid[launch[launched & ~inside]], kind[launched & ~inside]))
+    lone = np.flatnonzero(inside & np.array([(a, b) not in outside_kinds for a, b in zip(tid[launch], kind)]))
+    assert len(lone) > 50
+    typical = {th: np.median(w.c_gap[launch[launched & ~inside & (tid[launch] == th)]]) for th in set(tid)}
+    cap = np.array([typical[tid[launch[i]]] for i in lone])
+    got, had = after.c_gap[launch[lone]], w.c_gap[launch[lone]]
+    assert (got <= np.maximum(cap, had) + 1).all() and (got >= np.minimum(cap, had) - 1).all()
+    assert (had - got).sum() > 0.1 * (had.sum())
+    padded = set(_traces("mcore_moe1_padded")[0].names)
+    assert {t.names[t.ops.name[i]] for i in lone if t.ops.name[i] >= 0} - padded
 
 # ---- what capacity factor 1.0 drops: the fix's trade-off (replay/routing.py) ------------------------------
 ROUTING = re.compile(r"^ROUTING it=(\d+) call=(\d+) rank=(\d+) counts=([\d,]+)$", re.M)

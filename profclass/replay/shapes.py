@@ -52,13 +52,17 @@ def fixed_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share:
     a memset, else the kernel's name); ``share`` of the excess goes. Padding fixes the shapes
     exactly, so no per-shape work is left: cuBLAS's workspace memsets before its GEMMs and the
     phase's elementwise kernels carried it too (call EA's padded twin, docs/replay.md). A launch
-    whose kind never runs outside the phase keeps its time."""
-    return _at_most_outside(t, w, seg, groups, share, np.ones(t.n_ops, bool))
+    whose kind never runs outside the phase (the dropless path's own sorts, gathers and
+    concatenations) keeps at most the thread's median launch gap outside it: padded, it runs on
+    fixed shapes like any other launch of the thread, or not at all."""
+    return _at_most_outside(t, w, seg, groups, share, np.ones(t.n_ops, bool), any_kind=True)
 
 
-def _at_most_outside(t: GpuTrace, w: Weights, seg, groups, share: float, which: np.ndarray) -> Weights:
+def _at_most_outside(t: GpuTrace, w: Weights, seg, groups, share: float, which: np.ndarray,
+                     any_kind: bool = False) -> Weights:
     """The launches of ops ``which`` inside the experts' phase cut to the median CPU time before
-    the thread's launches of the same kind (a GEMM, a memset, else the kernel's name) outside it."""
+    the thread's launches of the same kind (a GEMM, a memset, else the kernel's name) outside it;
+    with ``any_kind``, a kind with no launch outside it to the median of all the thread's there."""
     launch = t.ops.launch
     launched = which & (launch >= 0)
     inside = launched & collectives.expert_phase(t, seg, groups)
@@ -72,6 +76,9 @@ def _at_most_outside(t: GpuTrace, w: Weights, seg, groups, share: float, which: 
         .groupby(["tid", "kind"])["gap"].median()
     calls = launch[inside]
     r = ref.reindex(pd.MultiIndex.from_arrays([tid[calls], kind[inside]])).to_numpy()
+    if any_kind:
+        typical = pd.Series(w.c_gap[launch[outside]]).groupby(tid[launch[outside]]).median()
+        r = np.where(np.isnan(r), typical.reindex(tid[calls]).to_numpy(), r)
     has = ~np.isnan(r)
     gap = w.c_gap.copy()
     excess = np.clip(gap[calls[has]] - r[has], 0, None)
