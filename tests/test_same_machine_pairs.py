@@ -3,8 +3,9 @@ BB and BC, the thirty-fourth's BE, BF and BG, the thirty-fifth's BI, BJ and BL, 
 the thirty-seventh's BR, BT and BU, the thirty-eighth's BV, BW and BX, the thirty-ninth's CA, CB and CC
 the fortieth's CD, CE and CF, the forty-first's DA, DB and DC, the forty-second's DD, DE and DF and the
 forty-third's DG, DH, DI and DK, the forty-fourth's EA, EC and EE, the forty-fifth's FC, the forty-sixth's GA and the
-forty-ninth's IA and IB (docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz, timers/s30/, s32/, s33/, s34/,
-s35/, s36/, s37/, s38/, s39/, s40/, s41/, s42/, s43/, s44/, s45/: its twins' ROUTING lines left out, s46/ and s49/) by
+forty-ninth's IA and IB and the fiftieth's JA (docs/notes.md), judged again from their packed timer logs (fixtures/timers.tar.xz,
+timers/s30/, s32/, s33/, s34/, s35/, s36/, s37/, s38/, s39/, s40/, s41/, s42/, s43/, s44/, s45/: its twins' ROUTING lines left out,
+s46/, s49/ and s50/) by
 workloads/judge_pairs.py's rule. Each pair's
 base, candidate and price are read from the notebook's registration rows (AR, AS: prices
 committed before the run) or from the prices the call wrote on its machine (AP, AQ), never from
@@ -47,8 +48,9 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "DI": "fixtures/timers/s43/", "DK": "fixtures/timers/s43/", "EA": "fixtures/timers/s44/",
         "EC": "fixtures/timers/s44/", "EE": "fixtures/timers/s44/", "FC": "fixtures/timers/s45/",
         "GA": "fixtures/timers/s46/", "GB": "fixtures/timers/s46/",
-        "GC": "fixtures/timers/s46/", "IA": "fixtures/timers/s49/", "IB": "fixtures/timers/s49/"}
-ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d) "
+        "GC": "fixtures/timers/s46/", "IA": "fixtures/timers/s49/", "IB": "fixtures/timers/s49/",
+        "JA": "fixtures/timers/s50/"}
+ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
 # call's own prefix and iterations 10..30: call BB's MoE stage ran 16 steps (6..16), BB3 and
@@ -83,7 +85,8 @@ RUNS = {"BB1": ("bb", 6, 16), "BB2": ("bb", 6, 16), "BB9": ("bb", 6, 16), "BB3":
         "FS2": ("fs", 6, 30), "FN1": ("fn", 6, 30), "FE1": ("fe", 6, 30), "FE2": ("fe", 6, 30),
         "GA1": ("ga", 6, 30), "GA2": ("ga", 6, 30), "GA3": ("ga", 6, 30), "GA4": ("ga", 6, 30),
         "GB1": ("gb", 6, 30), "GB2": ("gb", 6, 30), "GC1": ("gc", 6, 30), "GC2": ("gc", 6, 30),
-        "IA1": ("ia", 6, 30), "IB1": ("ib", 6, 30)}
+        "IA1": ("ia", 6, 30), "IB1": ("ib", 6, 30), "JA1": ("ja", 6, 30), "JB1": ("ja", 6, 30),
+        "JC1": ("ja", 6, 30)}
 # calls BI, BJ, BL and BN register their bases by their capture (calls BH's and BM's exports); their twins
 # ran the capture's config
 BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_pp2_moe_rc",
@@ -102,7 +105,8 @@ BASE_CONFIG = {"bh_dp2": "bh_dp2_rc", "bh_ep2": "bh_ep2_rc", "bm_pp2_moe": "bm_p
                "ga_dp2": "ga_dp2_rc_emc1", "ga_ep2": "ga_ep2_rc_emc2", "ga_pp2": "ga_pp2_norc_emc1",
                "ga_small": "ga_ep2_small_emc2", "gb_dp2": "ga_dp2_rc_emc1", "gb_ep2": "ga_ep2_rc_emc2",
                "gc_pp2": "ga_pp2_norc_emc1", "gc_small": "ga_ep2_small_emc2",
-               "ia_base": "ia_moe1_learned", "ib_base": "ib_moe2_learned"}
+               "ia_base": "ia_moe1_learned", "ib_base": "ib_moe2_learned", "ja_base": "ja_moe2_learned",
+               "jb_base": "jb_moe1_learned", "jc_base": "jc_moe3_learned"}
 # call BI's prices were written under the capture call's labels (bi_prices.json: BH1-BH7 are BI1-BI7)
 PRICE_LABEL = {f"BI{i}": f"BH{i}" for i in range(1, 8)}
 # candidates that ran twice the base's micro-batches a step, judged per the base's (registered "per 4")
@@ -170,7 +174,7 @@ def _judged(call: str) -> list[dict]:
     ("DC", 0, 0, 0), ("DD", 1, 1, 1), ("DE", 0, 0, 0), ("DF", 2, 2, 2), ("DG", 0, 0, 0), ("DH", 1, 0, 0),
     ("DI", 0, 0, 0), ("DK", 2, 2, 1), ("EA", 0, 0, 0), ("EC", 3, 2, 2), ("EE", 0, 0, 0),
     ("FC", 1, 1, 1), ("GA", 3, 3, 3), ("GB", 2, 2, 2), ("GC", 1, 1, 1), ("IA", 1, 1, 0),
-    ("IB", 0, 0, 0)])
+    ("IB", 0, 0, 0), ("JA", 1, 1, 1)])
 def test_each_call_judged_from_its_logs_is_what_the_notebook_reports(call, measured, in_range, within):
     judged = [j for j in _judged(call) if j.get("measured")]
     assert (len(judged), sum(j["in_range"] for j in judged), sum(j["within"] for j in judged)) == \
@@ -208,7 +212,7 @@ def test_in_call_prices_were_written_before_the_first_twin_started(call):
                                                   ("DH", 1, ("dh2",)), ("DI", 4, ("di2",)),
                                                   ("DK", 2, ("dk2",)), ("EA", 3, ("ea2",)), ("EC", 3, ("ec2",)),
                                                   ("EE", 2, ("ee2",)), ("FC", 6, ("fc", "fd")),
-                                                  ("GA", 4, ("ga2", "ga3"))])
+                                                  ("GA", 4, ("ga2", "ga3")), ("JA", 3, ("ja2",))])
 def test_registered_prices_are_the_ones_written_before_the_twins_ran(call, pairs, drivers):
     """Calls AU-BL (registered the brief's way): the notebook's prices are price_pairs.py's file,
     whose UTC time precedes the start of each device call that ran the twins (a late price's, of
