@@ -51,11 +51,15 @@ def fixed_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share:
     it that the thread's launches of its kind outside the phase take (their median; kinds: a GEMM,
     a memset, else the kernel's name); ``share`` of the excess goes. Padding fixes the shapes
     exactly, so no per-shape work is left: cuBLAS's workspace memsets before its GEMMs and the
-    phase's elementwise kernels carried it too (call EA's padded twin, docs/replay.md). A launch
-    whose kind never runs outside the phase (the dropless path's own sorts, gathers and
-    concatenations) keeps at most the thread's median launch gap outside it: padded, it runs on
-    fixed shapes like any other launch of the thread, or not at all."""
-    return _at_most_outside(t, w, seg, groups, share, np.ones(t.n_ops, bool), any_kind=True)
+    phase's elementwise kernels carried it too (call EA's padded twin, docs/replay.md). Where no
+    EP all-to-all bounds the phase (its stretches of varying GEMM shapes), a launch whose kind
+    never runs outside it (the dropless path's own sorts, gathers and concatenations) keeps at
+    most the thread's median launch gap outside it: padded, it runs on fixed shapes like any
+    other launch of the thread, or not at all. Between EP all-to-alls such kinds are the
+    dispatcher's permutations, which a padded job runs too, around the same host work: there
+    they keep their time (measured: call FN's EP 2 pair, docs/notes.md, fiftieth session)."""
+    no_all_to_all = seg is None or not (seg >= 0).any()
+    return _at_most_outside(t, w, seg, groups, share, np.ones(t.n_ops, bool), any_kind=no_all_to_all)
 
 
 def _at_most_outside(t: GpuTrace, w: Weights, seg, groups, share: float, which: np.ndarray,
