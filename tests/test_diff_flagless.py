@@ -251,3 +251,57 @@ def test_syncs_gone_holds_on_the_drop_and_pad_pair_alone():
     # the work split differently is no sync gone: four rows a micro-batch for one
     assert not _syncs_gone((True, 9.0, 4, 1024.0), (True, 3.0, 1, 4096.0))
     assert not _syncs_gone((False, 9.0, 4, 1024.0), (False, 1.0, 4, 1024.0))  # no MoE either side
+
+
+FABRIC_PAIRS = [("mcore_ep4_slowfabric", "mcore_ep4_base"), ("mcore_ep2_wide_slowfabric", "mcore_ep2_wide_nvlink"),
+                ("mcore_gb_ep4_slowfabric", "mcore_gb_ep4_base")]
+
+
+def _p2p_unseen(name: str, dst: Path) -> str:
+    """``name`` launched by a wrapper (``train job.yaml``) that sets NCCL's environment inside the
+    process: the export records no NCCL_P2P_DISABLE (the timelines untouched)."""
+    import sqlite3
+
+    relaunched(name, dst, lambda command, args: ("train", ["job.yaml"]))
+    con = sqlite3.connect(dst)
+    gone = con.execute("DELETE FROM META_DATA_CAPTURE WHERE value LIKE 'NCCL_P2P_DISABLE=%'").rowcount
+    con.commit()
+    con.close()
+    assert gone or "slowfabric" not in name, name
+    return str(dst)
+
+
+@pytest.mark.parametrize("base, cand", FABRIC_PAIRS, ids=[p[0] for p in FABRIC_PAIRS])
+def test_a_fabric_pair_whose_environment_is_unseen_is_recognised_by_its_transfers(base, cand, tmp_path):
+    """NCCL through host memory on the base, NVLink on the candidate, set where the export cannot
+    see it: the same collectives moving their data 8-14x faster say it (transfer:faster), at the
+    price and realized gain the environment variable's twin gets."""
+    bare = diff(_p2p_unseen(base, tmp_path / "b.sqlite"), _p2p_unseen(cand, tmp_path / "c.sqlite"))
+    (row,) = bare.fix_gains
+    assert (row["fix"], row["detected_by"]) == ("comm_nvlink_domain", "transfer:faster")
+    assert f"comm_nvlink_domain: {TIMELINE_CAVEATS['transfer:faster']}" in bare.notes
+    (twin,) = diff(str(profile_path(base)), str(profile_path(cand))).fix_gains
+    assert (twin["fix"], twin["detected_by"]) == ("comm_nvlink_domain", "off:NCCL_P2P_DISABLE")
+    assert row["predicted_gain_ms"] == pytest.approx(twin["predicted_gain_ms"], abs=0.011)
+    assert row["realized_gain_ms"] == pytest.approx(twin["realized_gain_ms"], abs=0.011)
+
+
+def test_transfer_faster_holds_on_the_fabric_pairs_alone():
+    """Over every committed gain pair whose two sides are snapshotted, transfer:faster holds on the
+    three fabric pairs only (their transfers a step fall 43.0 -> 5.0, 120.8 -> 10.6, 181.3 -> 16.3
+    ms), in neither direction elsewhere: routing balance moves the same collectives' transfers by
+    0.87-1.06, a DP overlap, recompute or micro-batch change by less or changes the calls."""
+    from profclass.diff.fix_gains import FABRIC_FASTER, _fabric_faster, _transfers
+
+    pairs = _snapshotted_pairs()
+    hits = [(p["base"], p["candidate"]) for p in pairs
+            if _fabric_faster(_transfers(_snapshot(p["base"])), _transfers(_snapshot(p["candidate"])))]
+    assert sorted(hits) == sorted(FABRIC_PAIRS) and len(pairs) >= 27
+    assert not [p for p in pairs if _fabric_faster(_transfers(_snapshot(p["candidate"])), _transfers(_snapshot(p["base"])))]
+    for b, c in FABRIC_PAIRS:
+        tb, tc = (sum(t for _, t in _transfers(_snapshot(n))[0].values()) for n in (b, c))
+        assert tc < FABRIC_FASTER * tb / 2  # well past the bound: 8-14x, not 3.3x
+    # the same collectives: one call a step more in ten is another job, not a fabric
+    assert not _fabric_faster(({("all_to_all", "EP"): (10.0, 30.0)}, 100.0), ({("all_to_all", "EP"): (12.0, 3.0)}, 70.0))
+    # a transfer too small to read (under FABRIC_SEEN of the step)
+    assert not _fabric_faster(({("all_to_all", "EP"): (10.0, 0.5)}, 100.0), ({("all_to_all", "EP"): (10.0, 0.1)}, 99.0))

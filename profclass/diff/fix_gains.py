@@ -41,6 +41,10 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
                        or fewer: its expert inputs padded to capacity, as drop-and-pad does; only
                        where no other fix is recognised (``ALONE_ONLY``: recompute off, DeepEP or CUDA
                        graphs end such syncs too, and are recognised by their own signs)
+    transfer:faster    the same collectives (type and group, as many calls a step) move their data at
+                       least 1 / FABRIC_FASTER times faster on the candidate (``_fabric_faster``): their
+                       transfers crossed a faster fabric (NVLink for PCIe or host memory: NCCL's P2P
+                       allowed again, however it was set)
 
 Where a flag is absent its value may come from the layout (``_LAYOUT_FLAGS``: the micro-batch
 count and VPP read off the timeline); where ``--micro-batch-size`` is, the rows a normalisation
@@ -135,7 +139,8 @@ def _timeline_signs(d) -> dict:
                 routing=_routing(d),  # balance:ep compares the two (``balanced_routing``)
                 frees=_per_step(d.devices, "free_calls"),  # churn:gone: device frees a step
                 pauses=_pauses(d),  # pauses:gone
-                syncs=_syncs(d))  # syncs:gone
+                syncs=_syncs(d),  # syncs:gone
+                transfers=_transfers(d))  # transfer:faster
 
 
 def _per_step(devices: list[dict], key: str) -> float:
@@ -187,6 +192,36 @@ def _syncs_gone(b: tuple[bool, float, int, float], c: tuple[bool, float, int, fl
     return b[0] and c[0] and b[2:] == c[2:] and b[1] - c[1] >= b[2] and c[1] <= b[1] / 2
 
 
+# the fix's transform's low end (data/fixes.toml comm_nvlink_domain: factor 0.3 at the low-gain
+# point): the same collectives moving their data at least that much faster crossed a faster fabric;
+# routing balance moves an all-to-all's by its mean/max load (0.87-1.06 on the corpus's balanced
+# pairs), a DP overlap none of it
+FABRIC_FASTER = 0.3
+# under this share of the step the matched transfers are a few launch latencies, whose ratio says
+# nothing about a fabric
+FABRIC_SEEN = 0.01
+
+
+def _transfers(d) -> tuple[dict, float]:
+    """One side's collectives as ``transfer:faster`` reads them: {(type, group): (calls a step,
+    transfer ms a step)} and its mean step, ms."""
+    its = max((getattr(d, "window", None) or {}).get("iterations") or 1, 1)
+    rows = {(c["collective"], c["group"]): (c["instances"] / its, c["transfer_ms_per_step"])
+            for c in getattr(d, "collectives", None) or []}
+    return rows, d.window["step_ms"]["mean"]
+
+
+def _fabric_faster(b: tuple[dict, float], c: tuple[dict, float]) -> bool:
+    """``transfer:faster``: the candidate runs every collective (type and group) of the base, each
+    as many calls a step (within 10%), and their transfers a step, a measurable share of the base's
+    step, fall to ``FABRIC_FASTER`` of the base's or less."""
+    (rb, step), (rc, _) = b, c
+    if not rb or set(rb) != set(rc) or any(abs(rc[k][0] - n) > 0.1 * n for k, (n, _) in rb.items()):
+        return False
+    tb, tc = sum(t for _, t in rb.values()), sum(t for _, t in rc.values())
+    return tb >= FABRIC_SEEN * step and tc <= FABRIC_FASTER * tb
+
+
 def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, float]:
     """Whether one ``applied_when`` condition holds, and the work ratio (candidate / base)."""
     kind, _, arg = cond.partition(":")
@@ -223,6 +258,8 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
         return _pauses_gone(kb["pauses"], kc["pauses"]) and sb == sc, 1.0
     if kind == "syncs":  # syncs:gone
         return _syncs_gone(kb["syncs"], kc["syncs"]), 1.0
+    if kind == "transfer":  # transfer:faster
+        return _fabric_faster(kb["transfers"], kc["transfers"]), 1.0
     raise ValueError(f"fixes.toml applied_when: unknown condition {cond!r}")
 
 
@@ -367,6 +404,9 @@ TIMELINE_CAVEATS = {
                   "routing that evened out by itself between the two captures reads the same",
     "syncs:gone": "drop-and-pad read off the host syncs (no capacity flag on a launch line): the dispatcher's "
                   "per-micro-batch token-count syncs gone; any other change that ends them reads the same",
+    "transfer:faster": "a faster fabric read off the collectives' transfers (no NCCL setting on a launch line): "
+                       "the same calls moving their data at least 3x faster; smaller messages (a smaller hidden "
+                       "size or sequence) read the same",
 }
 
 
