@@ -293,6 +293,11 @@ def test_transfer_faster_holds_on_the_fabric_pairs_alone():
     0.87-1.06, a DP overlap, recompute or micro-batch change by less or changes the calls."""
     from profclass.diff.fix_gains import FABRIC_FASTER, _fabric_faster, _transfers
 
+    import tomllib
+
+    fixes = tomllib.loads((Path(__file__).resolve().parents[1] / "profclass" / "data" / "fixes.toml").read_text())
+    (fabric,) = [f for f in fixes["fix"] if f["id"] == "comm_nvlink_domain"]
+    assert FABRIC_FASTER == fabric["transform"]["factor"][0]  # the bound is the fix's own low end
     pairs = _snapshotted_pairs()
     hits = [(p["base"], p["candidate"]) for p in pairs
             if _fabric_faster(_transfers(_snapshot(p["base"])), _transfers(_snapshot(p["candidate"])))]
