@@ -12,7 +12,7 @@ from test_contract import _validate
 
 from profclass.cli import main
 
-TOGETHER = "offload_last_resort+host_bigger_launches"
+TOGETHER = "offload_last_resort+moe_drop_and_pad"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_json_holds_each_priced_request_and_says_why_one_is_not(asked):
     _validate("diagnose", d)  # closed: the schema describes replay.requested
     p = d["replay"]["requested"][TOGETHER]
     assert p["low_ms"] <= p["best_ms"] <= p["high_ms"] < d["replay"]["untraced_step_ms"]
-    # together: the plan's first two steps (offload, then a larger micro-batch) bank the same
+    # together: the plan's first two steps (offload, then drop-and-pad) bank the same
     assert [s["id"] for s in d["plan"][:2]] == TOGETHER.split("+")
     assert p["best_ms"] == pytest.approx(sum(s["gain_ms"] for s in d["plan"][:2]), abs=0.05)
     assert "recompute_off" not in d["replay"]["requested"]  # no recompute in this profile
