@@ -205,7 +205,7 @@ FABRIC_SEEN = 0.01
 def _transfers(d) -> tuple[dict, float]:
     """One side's collectives as ``transfer:faster`` reads them: {(type, group): (calls a step,
     transfer ms a step)} and its mean step, ms."""
-    its = max((getattr(d, "window", None) or {}).get("iterations") or 1, 1)
+    its = max(d.window.get("iterations") or 1, 1)
     rows = {(c["collective"], c["group"]): (c["instances"] / its, c["transfer_ms_per_step"])
             for c in getattr(d, "collectives", None) or []}
     return rows, d.window["step_ms"]["mean"]

@@ -152,6 +152,12 @@ def segment_work(traces, weights, segs, select) -> np.ndarray:
     return work
 
 
+def between_all_to_alls(seg: np.ndarray | None) -> bool:
+    """Whether EP all-to-alls bound a GPU's experts' phase (``segments`` marks any op), else the
+    phase is its stretches of varying GEMM shapes (``varying_stretches``)."""
+    return seg is not None and bool(len(seg)) and bool((seg >= 0).any())
+
+
 def expert_phase(t: GpuTrace, seg: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
     """Per op: inside a MoE layer's expert phase, where a dropless job's token counts change the
     shapes from step to step: an EP collective, or an op in a phase between EP all-to-alls
@@ -161,7 +167,7 @@ def expert_phase(t: GpuTrace, seg: np.ndarray, groups: np.ndarray | None) -> np.
     out = np.zeros(t.n_ops, bool)
     if t.ops.name is None:
         return out
-    if seg is None or not len(seg) or not (seg >= 0).any():
+    if not between_all_to_alls(seg):
         return varying_stretches(t)
     ids, at = np.unique(seg, return_inverse=True)
     dense = np.zeros(len(ids), bool)

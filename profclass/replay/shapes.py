@@ -58,8 +58,8 @@ def fixed_shapes(t: GpuTrace, w: Weights, seg: np.ndarray | None, groups, share:
     other launch of the thread, or not at all. Between EP all-to-alls such kinds are the
     dispatcher's permutations, which a padded job runs too, around the same host work: there
     they keep their time (measured: call FN's EP 2 pair, docs/notes.md, fiftieth session)."""
-    no_all_to_all = seg is None or not (seg >= 0).any()
-    return _at_most_outside(t, w, seg, groups, share, np.ones(t.n_ops, bool), any_kind=no_all_to_all)
+    return _at_most_outside(t, w, seg, groups, share, np.ones(t.n_ops, bool),
+                            any_kind=not collectives.between_all_to_alls(seg))
 
 
 def _at_most_outside(t: GpuTrace, w: Weights, seg, groups, share: float, which: np.ndarray,
