@@ -176,3 +176,24 @@ def test_a_stage_split_after_a_fix_moves_layers_at_their_cost_after_it():
     assert ps.balanced_work(lean) == pytest.approx([66e6, 75e6])
     stale = replace(lean, busy=st.busy)  # the busy time as measured before the fix
     assert ps.balanced_work(stale) == pytest.approx([55e6, 86e6])
+
+
+def test_the_refill_and_the_exchange_gap_move_with_the_host(diagnosis):
+    """The idle after a batched exchange's device sync (the host refilling the queue) and the
+    host's gap after an exchange are host time: without the profiler, and on each end of the
+    host's range, they take the host's ratio to the captured host (every call's own time and the
+    CPU time before it), so a schedule change that adds or removes exchanges prices their refill
+    on the host that banks the gain. On the host-paced PP 4 capture the profiler's per-call cost
+    is 10-20% of the host's time."""
+    r = _replayer(diagnosis, "mcore_pp4_m8")
+    ratio = pipelined.host_ratio(r, r.untraced)
+    assert ((ratio > 0.75) & (ratio < 0.95)).all(), ratio
+    assert np.allclose(r.untraced_stages.sync_idle, r.stages.sync_idle * ratio)
+    assert np.median(r.untraced_stages.gaps) == pytest.approx(np.median(r.stages.gaps) * ratio.mean())
+    (slow, *_), (fast, *_) = max(r.host_variants, key=lambda v: v[0]), min(r.host_variants, key=lambda v: v[0])
+    refill = {f: st.sync_idle for f, _, _, st in r.host_variants}
+    assert np.allclose(refill[slow] / refill[fast], slow / fast, rtol=1e-3)
+    # the captured sizes' own step barely moves: the base's calls' refill leaves its work as it enters its calls
+    st, x = r.untraced_stages, ps.exchange_cost(r.untraced_stages, 0.5)
+    kept = replace(st, sync_idle=r.stages.sync_idle, gaps=r.stages.gaps)
+    assert ps.step_ns(st, 1, 8, x) == pytest.approx(ps.step_ns(kept, 1, 8, ps.exchange_cost(kept, 0.5)), rel=0.01)

@@ -279,6 +279,16 @@ def less_host(st: Stages, saved_ns) -> Stages:
     return less_time(st, saved_ns, st.m * st.work / np.maximum(st.m * st.work + st.rest, 1))
 
 
+def host_paced(st: Stages, host_ratio) -> Stages:
+    """The stages on a host whose time is ``host_ratio`` (per stage) of the captured host's: the
+    idle after the P2P syncs (the host refilling the queue) and the host's gap after an exchange
+    (every stage's, at their mean ratio: one exchange cost serves all) are host time, and move with
+    it as the host's calls and the CPU time between them do."""
+    ratio = np.asarray(host_ratio, float)
+    idle = None if st.sync_idle is None else st.sync_idle * ratio
+    return replace(st, sync_idle=idle, gaps=st.gaps * float(np.mean(ratio)))
+
+
 def less_time(st: Stages, saved_ns, share) -> Stages:
     """The stages with ``saved_ns`` (per stage, ns per step) taken off: ``share`` of it from the
     micro-batches' work (over m), the rest from the once-per-step rest (its part before the

@@ -49,6 +49,13 @@ def stage_saving(r, before: scenario.Outcome, after: scenario.Outcome) -> np.nda
     return _stage_mean(r, [(before.ends[gi] - after.ends[gi]) / max(t.iterations, 1) for gi, t in enumerate(r.traces)])
 
 
+def host_ratio(r, weights) -> np.ndarray:
+    """Per stage (the mean of its GPUs), the host's time in ``weights`` (every call's own time
+    and the CPU time before it) over the captured host's."""
+    return _stage_mean(r, [float(w.c_dur.sum() + w.c_gap.sum()) / max(float(c.c_dur.sum() + c.c_gap.sum()), 1.0)
+                           for w, c in zip(weights, r.captured)])
+
+
 def work_share(r, before: scenario.Outcome, after: scenario.Outcome) -> np.ndarray:
     """Per stage (the mean of its GPUs), the share of its timeline's contraction from ``before``
     to ``after`` that fell inside the micro-batches' slots rather than in the rest: each stretch

@@ -134,19 +134,22 @@ class Replayer:
         for f in self.host_factors:
             w = [transforms.host_speed(x, f) for x in self.untraced]
             o = self.replay(w)
-            out.append((f, w, o, self._stages_after(o)))
+            out.append((f, w, o, self._stages_after(o, w)))
         return tuple(out)
 
     @cached_property
     def untraced_stages(self):
         """The schedule's stages without the profiler: each stage's host time less what the
         untraced replay takes off it."""
-        return self._stages_after(self.untraced_out)
+        return self._stages_after(self.untraced_out, self.untraced)
 
-    def _stages_after(self, out: scenario.Outcome):
-        """The captured stages less what the replay ``out`` took off each one's time."""
-        return None if self.stages is None else pipeline_schedule.less_host(
-            self.stages, pipelined.stage_saving(self, self.base, out))
+    def _stages_after(self, out: scenario.Outcome, weights):
+        """The captured stages less what the replay ``out`` of the host's ``weights`` took off each
+        one's time, their refill and exchange gaps on that host."""
+        if self.stages is None:
+            return None
+        st = pipeline_schedule.less_host(self.stages, pipelined.stage_saving(self, self.base, out))
+        return pipeline_schedule.host_paced(st, pipelined.host_ratio(self, weights))
 
     @cached_property
     def tokens_dropped(self) -> dict:
