@@ -34,3 +34,36 @@ def test_a_base_priced_with_a_given_untraced_step_is_left_out():
     assert given  # call BC's bases were priced calibrated
     assert not any(r["base"] in {g.rsplit("/", 1)[-1].removesuffix(".sqlite") for g in given} and r["call"] == "BC"
                    for r in usm.rows())
+
+
+def _by_share() -> tuple[list[float], list[float]]:
+    """Timer over replay per base (its calls' timers averaged), split at ``UNTRACED_CAVEAT_SHARE``
+    of the traced step taken off by the per-call cost: (below, at or above)."""
+    from profclass.replay.constants import UNTRACED_CAVEAT_SHARE
+    by: dict = {}
+    for r in usm.rows():
+        by.setdefault((r["base"], round(r["replay"], 1)), []).append(r)
+    below, above = [], []
+    for g in by.values():
+        r, timer = g[0], statistics.mean(x["timer"] for x in g)
+        (above if r["traced"] - r["replay"] >= UNTRACED_CAVEAT_SHARE * r["traced"] else below).append(timer / r["replay"])
+    return below, above
+
+
+def test_the_caveat_share_splits_the_reliable_untraced_steps_from_the_long_ones():
+    """constants.UNTRACED_CAVEAT_SHARE's basis, as its comment and docs/replay.md state it."""
+    below, above = _by_share()
+    assert (len(below), sum(abs(v - 1) <= 0.05 for v in below)) == (30, 29)
+    assert (len(above), sum(abs(v - 1) <= 0.05 for v in above), sum(v < 0.95 for v in above)) == (37, 8, 26)
+    assert round(statistics.median(below), 2) == 1.0 and round(statistics.median(above), 2) == 0.89
+
+
+def test_a_host_paced_report_says_its_untraced_step_is_likely_long(diagnosis):
+    """The caveat where the per-call cost took 2% or more off (a launch-bound 1-GPU job), not on a
+    GPU-bound pipeline, whose replay it barely moves."""
+    host = diagnosis("host_1gpu")
+    assert host.replay["untraced_step_ms"] < 0.98 * host.replay["measured_step_ms"]
+    assert any(m.startswith("replay: untraced_step_ms takes only") for m in host.missing)
+    gpu = diagnosis("mcore_gb_pp4_m8")
+    assert gpu.replay["untraced_step_ms"] > 0.98 * gpu.replay["measured_step_ms"]
+    assert not any(m.startswith("replay: untraced_step_ms takes only") for m in gpu.missing)

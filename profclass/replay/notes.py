@@ -7,12 +7,14 @@ from . import pipeline_schedule, pipelined
 
 
 def untraced_caveat(untraced: float, measured: float) -> str:
-    """What the step without the profiler leaves out on a host-paced multi-rank job (measured:
-    docs/notes.md, "The profiler's cost inside a Megatron job")."""
+    """What the step without the profiler leaves out where CUDA tracing's per-call cost moved the
+    step (``constants.UNTRACED_CAVEAT_SHARE``; measured: docs/replay.md, "On the capture's own
+    machine")."""
     return (f"replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step "
-            f"({100 * (1 - untraced / measured):.0f}%); host-paced 4-rank Megatron jobs ran 13-37% slower traced "
-            f"than untraced on one machine, most of it not per call, so the step without the profiler is "
-            f"likely shorter than untraced_step_ms (give the job's own, --untraced-step-ms, to calibrate the host)")
+            f"({100 * (1 - untraced / measured):.0f}%); where it took 2% or more, jobs run again untraced on "
+            f"their capture's machine ran a median 11% faster than that (26 of 37 over 5% faster), so the step "
+            f"without the profiler is likely shorter than untraced_step_ms, and host-side prices larger than "
+            f"the job banks (give the job's own step, --untraced-step-ms or --train-log, to calibrate the host)")
 
 
 def disagreement(verdict: str, largest: str, without: dict, measured: float) -> str:

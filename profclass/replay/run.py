@@ -14,7 +14,7 @@ from . import calibrate, collectives, collector, critical_path, engine, pipeline
 from . import routing, span, transforms
 from ..analyzers.host import PROBE_NS_CORPUS
 from ..fixes import request_parts
-from .constants import HOST_SPEED
+from .constants import HOST_SPEED, UNTRACED_CAVEAT_SHARE
 from .plan import fix_plan
 from . import notes
 from .trace import GpuTrace
@@ -243,7 +243,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
                              "fixes, or on a pipelined job graph fixes and schedule changes)" for i in also if i not in prices]
     if r.calibration is not None and not r.calibration.reached:
         missing.append(f"replay: host calibration: {r.calibration.note}")
-    if verdict_wall == "host" and len(r.traces) > 1 and r.calibration is None:
+    if r.calibration is None and section["untraced_step_ms"] <= (1 - UNTRACED_CAVEAT_SHARE) * measured:
         missing.append(notes.untraced_caveat(section["untraced_step_ms"], measured))
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
 
