@@ -56,6 +56,11 @@ def test_the_caveat_share_splits_the_reliable_untraced_steps_from_the_long_ones(
     assert (len(below), sum(abs(v - 1) <= 0.05 for v in below)) == (30, 29)
     assert (len(above), sum(abs(v - 1) <= 0.05 for v in above), sum(v < 0.95 for v in above)) == (37, 8, 26)
     assert round(statistics.median(below), 2) == 1.0 and round(statistics.median(above), 2) == 0.89
+    # and the report's line says what they give
+    from profclass.replay.notes import untraced_caveat
+    line = untraced_caveat(90.0, 100.0)
+    assert f"a median {round(100 * (1 - statistics.median(above)))}% faster" in line
+    assert f"({sum(v < 0.95 for v in above)} of {len(above)} over 5% faster)" in line
 
 
 def test_a_host_paced_report_says_its_untraced_step_is_likely_long(diagnosis):
