@@ -3,6 +3,7 @@ quantity is written the same way in every output."""
 from __future__ import annotations
 
 from .fixes import load_table, request_parts
+from .replay.notes import UNTRACED_CAVEAT
 
 
 def pct(share: float) -> str:
@@ -128,7 +129,9 @@ def replay_lines(d) -> list[str]:
            f"({r['error_pct']:+.2f}% of the measured {r['measured_step_ms']:.1f} ms); the slowest rank's "
            "critical path, ms/step: " + ", ".join(f"{w} {r['critical_path_ms'][w]:.1f}" for w in walls) + ".",
            "Step without each wall, ms: " + ", ".join(f"{w} {r['without_wall_ms'][w]:.1f}" for w in walls)
-           + f"; without the profiler's overhead {r['untraced_step_ms']:.1f}."]
+           + f"; without the profiler's overhead {r['untraced_step_ms']:.1f}"
+           + (" (an upper bound on this host-paced job: --untraced-step-ms or --train-log calibrates it)."
+              if any(m.startswith(UNTRACED_CAVEAT) for m in getattr(d, "missing", None) or []) else ".")]
     if r.get("note"):
         out.append(r["note"][0].upper() + r["note"][1:] + ".")
     hc = r.get("host_calibration")

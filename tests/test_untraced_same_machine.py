@@ -69,6 +69,9 @@ def test_a_host_paced_report_says_its_untraced_step_is_likely_long(diagnosis):
     host = diagnosis("host_1gpu")
     assert host.replay["untraced_step_ms"] < 0.98 * host.replay["measured_step_ms"]
     assert any(m.startswith("replay: untraced_step_ms takes only") for m in host.missing)
+    from profclass.formatting import replay_lines
+    assert f"{host.replay['untraced_step_ms']:.1f} (an upper bound on this host-paced job" in replay_lines(host)[1]
     gpu = diagnosis("mcore_gb_pp4_m8")
+    assert "an upper bound" not in replay_lines(gpu)[1]
     assert gpu.replay["untraced_step_ms"] > 0.98 * gpu.replay["measured_step_ms"]
     assert not any(m.startswith("replay: untraced_step_ms takes only") for m in gpu.missing)

@@ -6,12 +6,14 @@ from __future__ import annotations
 from . import pipeline_schedule, pipelined
 
 
+UNTRACED_CAVEAT = "replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step"
+
+
 def untraced_caveat(untraced: float, measured: float) -> str:
     """What the step without the profiler leaves out where CUDA tracing's per-call cost moved the
     step (``constants.UNTRACED_CAVEAT_SHARE``; measured: docs/replay.md, "On the capture's own
     machine")."""
-    return (f"replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step "
-            f"({100 * (1 - untraced / measured):.0f}%); where it took 2% or more, jobs run again untraced on "
+    return (f"{UNTRACED_CAVEAT} ({100 * (1 - untraced / measured):.0f}%); where it took 2% or more, jobs run again untraced on "
             f"their capture's machine ran a median 11% faster than that (26 of 37 over 5% faster), so the step "
             f"without the profiler is likely shorter than untraced_step_ms, and host-side prices larger than "
             f"the job banks (give the job's own step, --untraced-step-ms or --train-log, to calibrate the host)")
