@@ -3,6 +3,7 @@ from the same-machine calls' packed price files and untraced logs, as docs/repla
 from __future__ import annotations
 
 import importlib.util
+import json
 import statistics
 
 from conftest import ROOT
@@ -28,7 +29,6 @@ def test_a_base_priced_with_a_given_untraced_step_is_left_out():
     """Calibrated prices (``host_factor``) were solved to meet a given step: they are no test of
     the model's own untraced step."""
     packed = usm.gain_pairs._packed()
-    import json
     given = {p["base"] for path, text in packed.items() if path.endswith("_prices.json")
              for p in json.loads(text)["pairs"] if p.get("host_factor")}
     assert given  # call BC's bases were priced calibrated

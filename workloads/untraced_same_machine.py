@@ -26,11 +26,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")
-gain_pairs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gain_pairs)
 
-STEP = re.compile(r"^STEP_MS it=(\d+) ms=([0-9.]+)", re.M)
+
+def _module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gain_pairs = _module("gain_pairs", ROOT / "fixtures" / "gain_pairs.py")  # the packed timer logs
+judge_pairs = _module("judge_pairs", ROOT / "workloads" / "judge_pairs.py")  # a run's mean step
+
 FIRST, LAST = 6, 30  # the steady iterations of a 30-step untraced run (judge_pairs.py's window)
 WITHIN = 5.0  # issue 30's target for the untraced step, % of the timer
 
@@ -44,8 +51,9 @@ def configs() -> dict[str, str]:
 
 
 def run_mean(text: str) -> float | None:
-    steps = [float(ms) for it, ms in STEP.findall(text) if FIRST <= int(it) <= LAST]
-    return statistics.mean(steps) if steps else None
+    """judge_pairs' mean step over iterations FIRST..LAST, or to the run's last where it ran fewer."""
+    its = [int(it) for it, _ in judge_pairs.STEP.findall(text)]
+    return judge_pairs.run_mean(text, FIRST, min(LAST, max(its))) if its and max(its) >= FIRST else None
 
 
 def rows() -> list[dict]:
