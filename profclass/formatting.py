@@ -3,7 +3,6 @@ quantity is written the same way in every output."""
 from __future__ import annotations
 
 from .fixes import load_table, request_parts
-from .replay.notes import UNTRACED_CAVEAT
 
 
 def pct(share: float) -> str:
@@ -131,7 +130,7 @@ def replay_lines(d) -> list[str]:
            "Step without each wall, ms: " + ", ".join(f"{w} {r['without_wall_ms'][w]:.1f}" for w in walls)
            + f"; without the profiler's overhead {r['untraced_step_ms']:.1f}"
            + (" (an upper bound on this host-paced job: --untraced-step-ms or --train-log calibrates it)."
-              if any(m.startswith(UNTRACED_CAVEAT) for m in getattr(d, "missing", None) or []) else ".")]
+              if r.get("untraced_step_bound") == "upper" else ".")]
     if r.get("note"):
         out.append(r["note"][0].upper() + r["note"][1:] + ".")
     hc = r.get("host_calibration")

@@ -40,6 +40,9 @@ def test_a_host_paced_step_is_met_by_a_faster_host(host_paced):
     assert hc["reached_step_ms"] == pytest.approx(given, rel=1e-3)
     assert "host_calibration" not in plain.replay
     assert not any("host calibration" in m for m in cal.missing)
+    # uncalibrated, this launch-bound step is an upper bound; met, the given step is the job's own
+    assert (plain.replay["untraced_step_bound"], cal.replay["untraced_step_bound"]) == ("upper", "calibrated")
+    assert not any(m.startswith("replay: untraced_step_ms takes only") for m in cal.missing)
 
 
 def test_host_side_prices_shrink_with_the_host_and_the_plan_starts_from_the_given_step(host_paced):
@@ -66,6 +69,7 @@ def test_a_gpu_bound_step_out_of_the_hosts_reach_leaves_the_host_and_says_so():
     assert [f["expected_gain_ms"] for f in cal.fixes] == [f["expected_gain_ms"] for f in plain.fixes]
     assert any(m.startswith("replay: host calibration: the given step") and "out of the host's reach" in m
                for m in cal.missing)
+    assert cal.replay["untraced_step_bound"] == "estimate"  # not met: the replay's own step stands
 
 
 def test_a_given_step_within_two_percent_leaves_the_host_as_replayed():

@@ -4,6 +4,7 @@ basis."""
 from __future__ import annotations
 
 from . import pipeline_schedule, pipelined
+from .constants import UNTRACED_CAVEAT_SHARE
 
 
 UNTRACED_CAVEAT = "replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step"
@@ -17,6 +18,16 @@ def untraced_caveat(untraced: float, measured: float) -> str:
             f"their capture's machine ran a median 11% faster than that (26 of 37 over 5% faster), so the step "
             f"without the profiler is likely shorter than untraced_step_ms, and host-side prices larger than "
             f"the job banks (give the job's own step, --untraced-step-ms or --train-log, to calibrate the host)")
+
+
+def untraced_bound(calibration, untraced_ms: float, measured_ms: float) -> str:
+    """How far ``untraced_step_ms`` holds: "calibrated" to a step the job gave; "upper" where CUDA
+    tracing's per-call cost took ``UNTRACED_CAVEAT_SHARE`` or more off an uncalibrated step (the host
+    paces it, and on the captures' own machines such steps ran faster untraced than the replay says:
+    docs/replay.md, "On the capture's own machine"); "estimate" otherwise."""
+    if calibration is not None:
+        return "calibrated" if calibration.reached else "estimate"
+    return "upper" if untraced_ms <= (1 - UNTRACED_CAVEAT_SHARE) * measured_ms else "estimate"
 
 
 def disagreement(verdict: str, largest: str, without: dict, measured: float) -> str:

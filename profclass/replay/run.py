@@ -14,7 +14,7 @@ from . import calibrate, collectives, collector, critical_path, engine, pipeline
 from . import routing, span, transforms
 from ..analyzers.host import PROBE_NS_CORPUS
 from ..fixes import request_parts
-from .constants import HOST_SPEED, UNTRACED_CAVEAT_SHARE
+from .constants import HOST_SPEED
 from .plan import fix_plan
 from . import notes
 from .trace import GpuTrace
@@ -214,11 +214,12 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         without[wall] = round(r.step_ms(out) - step + measured, 3)
     start, untraced = r.untraced, r.untraced_out
     largest = min(without, key=lambda w: (without[w], WALLS.index(w)))
+    untraced_ms = round(r.step_ms(untraced) - step + measured, 3)
     section = dict(
         step_ms=round(step, 3), measured_step_ms=round(measured, 3),
         error_pct=round(100.0 * (step - measured) / measured, 2) if measured else None,
         critical_path_ms=r.critical_path_ms(r.base, r.captured), without_wall_ms=without,
-        untraced_step_ms=round(r.step_ms(untraced) - step + measured, 3),
+        untraced_step_ms=untraced_ms, untraced_step_bound=notes.untraced_bound(r.calibration, untraced_ms, measured),
         largest_removal=largest, graph=_graph_facts(r, [t.iterations for t in r.traces]))
     if largest != verdict_wall and without[largest] < without.get(verdict_wall, measured) - 0.01 * measured:
         section["note"] = notes.disagreement(verdict_wall, largest, without, measured)
@@ -243,7 +244,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
                              "fixes, or on a pipelined job graph fixes and schedule changes)" for i in also if i not in prices]
     if r.calibration is not None and not r.calibration.reached:
         missing.append(f"replay: host calibration: {r.calibration.note}")
-    if r.calibration is None and section["untraced_step_ms"] <= (1 - UNTRACED_CAVEAT_SHARE) * measured:
+    if section["untraced_step_bound"] == "upper":
         missing.append(notes.untraced_caveat(section["untraced_step_ms"], measured))
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
 
