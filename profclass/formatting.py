@@ -55,7 +55,8 @@ def layout_lines(d) -> list[str]:
         dense = ((getattr(d, "config", None) or {}).get("moe") or {}).get("value") is False
         known = ", ".join(f"{k.upper()}={v}" for k, v in sizes.items()
                           if v is not None and k != "microbatches" and not (dense and k in ("etp", "edp")))
-        src = sorted({s for s in (lay.get("source") or {}).values() if s})
+        # "inferred" sizes were read off the timeline's traffic (analyzers/layout_infer.py)
+        src = sorted({"the timeline" if s == "inferred" else s for s in (lay.get("source") or {}).values() if s})
         mb = sizes.get("microbatches")
         out.append(f"Layout: {known}; micro-batches {'unknown' if mb is None else mb}; world {lay.get('world')} "
                    f"(from {', '.join(src) or 'nothing'})")

@@ -526,6 +526,10 @@ def test_layout_from_the_timeline_alone_matches_construction(name, monkeypatch):
     tp, cp, pp, ep = (sizes[k] or 1 for k in ("tp", "cp", "pp", "ep"))
     etp = sizes.get("etp") or tp
     assert world is None or (world % (tp * cp * pp) == 0 and world % (etp * ep * pp) == 0)
+    # the report says where the sizes came from in words: the timeline, never the command line
+    from profclass.formatting import layout_lines
+    line = next(x for x in layout_lines(d) if x.startswith("Layout: "))
+    assert "the timeline" in line and "command line" not in line and "inferred" not in line, line
 
 
 def test_one_rank_of_four_says_why_its_layout_is_unknown(monkeypatch):
