@@ -81,6 +81,31 @@ def how_to_set(f: dict) -> tuple[str, str]:
     return ("overrides", f["overrides"]) if f.get("overrides") else ("flags", f["flags"])
 
 
+NO_GAIN_MS = 0.05  # the reports' resolution: a gain that prints as 0.0 ms/step (one decimal)
+
+
+def no_gain(f: dict) -> bool:
+    """A fix priced at no gain on this job: its whole range under ``NO_GAIN_MS`` (no collector
+    pause to take off, more interleaving where the bubble is already small). The JSON ranks it
+    last among the fixes; the reports list it apart, so that nobody tries it first."""
+    top = f.get("gain_high_ms")
+    top = f.get("expected_gain_ms") if top is None else top
+    return top is not None and top < NO_GAIN_MS
+
+
+def fixes_to_try(d) -> tuple[list[dict], list[dict]]:
+    """(the fixes worth trying, in their ranking; those priced at no gain: ``no_gain``)."""
+    fixes = getattr(d, "fixes", None) or []
+    return [f for f in fixes if not no_gain(f)], [f for f in fixes if no_gain(f)]
+
+
+def no_gain_line(f: dict) -> str:
+    """A fix priced at no gain, in one sentence: what it is and why it would not help here."""
+    ends = [f.get(k) for k in ("gain_low_ms", "gain_high_ms")]
+    span = f", range {ends[0]:.1f} to {ends[1]:.1f}" if None not in ends else ""
+    return f"{f['title']} ({f['expected_gain_ms']:.1f} ms/step{span}): {f['gain_basis']} ({': '.join(how_to_set(f))})"
+
+
 def trade_off_text(f: dict) -> str:
     """What a fix gives up besides time (``fixes[].trade_off``), in words; '' where nothing."""
     t = f.get("trade_off")

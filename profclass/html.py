@@ -17,8 +17,8 @@ from . import timeline_view as tv
 from .classify import WALLS
 from .fixes import gain_text
 from .pitfalls import cost_text
-from .formatting import by_rank, how_to_set, layout_lines, pct, plan_steps, replay_lines, shorten, trade_off_text, \
-    waits_ms_per_step, what_if_lines
+from .formatting import by_rank, fixes_to_try, how_to_set, layout_lines, no_gain_line, pct, plan_steps, replay_lines, \
+    shorten, trade_off_text, waits_ms_per_step, what_if_lines
 from .kernels import collective_name
 
 TOP_KERNELS = 15
@@ -184,17 +184,22 @@ def _fixes(d) -> list[str]:
         out += ["<h3>Fix plan</h3>", "<ol class=\"plan\">" + "".join(f"<li>{_e(s)}</li>" for s in plan_steps(d)) + "</ol>"]
     out += [f"<p class=\"whatif\">{_e(line)}</p>" for line in what_if_lines(d)]
     out += ["<h2>Fixes to try</h2>"]
-    if d.fixes:
+    to_try, none = fixes_to_try(d)
+    if to_try:
         items = [f"<li><b>{_e(f['title'])}</b> <span class=\"muted\">[{_e(f['wall'])}]</span> "
                  f"<span class=\"gain\">{_e(gain_text(f))}</span><br><span class=\"muted\">{_e(f['gain_basis'])}</span>"
                  + "<br>{}: <code>{}</code>".format(*map(_e, how_to_set(f)))
                  + f"<br><span class=\"muted\">{_e(f['why'])}</span>"
                  + (f"<br><b>{_e(trade_off_text(f))}</b>" if f.get("trade_off") else "") + "</li>"
-                 for f in d.fixes]
+                 for f in to_try]
         out += ["<p class=\"muted\">Predicted gains: the best estimate and its range (docs/fixes.md).</p>",
                 "<ol class=\"fixes\">" + "".join(items) + "</ol>"]
     else:
-        out.append("<p class=\"muted\">No fix applies.</p>")
+        out.append("<p class=\"muted\">No fix applies." + (" Those below are priced at no gain." if none else "") + "</p>")
+    if none:
+        out += ["<h3>Priced at no gain on this job</h3>",
+                "<p class=\"muted\">Their whole range is under 0.05 ms/step.</p>",
+                "<ul class=\"nogain\">" + "".join(f"<li>{_e(no_gain_line(f))}</li>" for f in none) + "</ul>"]
     out += [f"<p><b>Pitfall</b> ({_e(p.get('rule', ''))}): {_e(p.get('message', '') + cost_text(p))}</p>"
             for p in d.pitfalls]
     return out

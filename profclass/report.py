@@ -4,13 +4,14 @@ from __future__ import annotations
 import io
 
 from rich.console import Console
+from rich.markup import escape  # data printed as text: "[host]", "[low, best]" are not rich's style tags
 from rich.table import Table
 
 from .classify import WALLS
 from .fixes import gain_text
 from .pitfalls import cost_text
-from .formatting import by_rank, how_to_set, layout_lines, md_cell, md_code, pct, plan_steps, replay_lines, \
-    trade_off_text, waits_ms_per_step, what_if_lines
+from .formatting import by_rank, fixes_to_try, how_to_set, layout_lines, md_cell, md_code, no_gain_line, pct, \
+    plan_steps, replay_lines, trade_off_text, waits_ms_per_step, what_if_lines
 from .kernels import collective_name
 from .pipeline import Diagnosis
 
@@ -20,11 +21,11 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
     buf = io.StringIO()
     con = console or Console(file=buf, width=width, force_terminal=False, color_system=None)
     v, w = d.verdict, d.window
-    con.print(f"[bold]profclass[/bold]  {', '.join(d.inputs)}")
+    con.print(f"[bold]profclass[/bold]  {escape(', '.join(d.inputs))}")
     con.print(f"[bold]Verdict: {v['wall'].upper()} wall[/bold]  confidence {v['confidence']:.2f}, "
               f"runner-up {v['runner_up']}")
-    con.print(v["summary"])
-    con.print(f"Steady state: {w['iterations']} iterations from {w['source']}, step "
+    con.print(escape(v["summary"]))
+    con.print(f"Steady state: {w['iterations']} iterations from {escape(w['source'])}, step "
               f"{w['step_ms']['mean']:.1f} ms mean, {w['step_ms']['median']:.1f} median, "
               f"{w['step_ms']['std']:.1f} std")
     t = Table(title="Time per wall (job)", show_edge=False)
@@ -44,10 +45,10 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
                       f"{waits_ms_per_step(dv):.1f}")
         con.print(t)
     for s in d.stragglers:
-        con.print(f"[bold]Straggler[/bold]: rank {s['rank']} (pid {s['pid']}, GPU {s['device']}): {s['reason']}; "
-                  f"{s['detail']}; the others wait {s['others_wait_ms_per_step']:.1f} ms/step for it")
+        con.print(f"[bold]Straggler[/bold]: " + escape(f"rank {s['rank']} (pid {s['pid']}, GPU {s['device']}): {s['reason']}; "
+                  f"{s['detail']}; the others wait {s['others_wait_ms_per_step']:.1f} ms/step for it"))
     for line in layout_lines(d):
-        con.print(line)
+        con.print(escape(line))
     _replay_text(d, con)
     if d.collectives:
         t = Table(title="Collectives (ms/step, mean over ranks)", show_edge=False)
@@ -62,31 +63,36 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
     for col in ("wall", "metric", "value", "unit", "note"):
         t.add_column(col, justify="right" if col == "value" else "left")
     for e in d.evidence:
-        t.add_row(e["wall"], e["metric"], f"{e['value']:.3f}", e["unit"], e["note"])
+        t.add_row(e["wall"], escape(e["metric"]), f"{e['value']:.3f}", escape(e["unit"]), escape(e["note"]))
     con.print(t)
-    if d.fixes:
+    to_try, none = fixes_to_try(d)
+    if to_try:
         con.print("[bold]Fixes to try[/bold] (predicted gain, best estimate and range):")
-        for i, f in enumerate(d.fixes, 1):
+        for i, f in enumerate(to_try, 1):
             trade = f"\n   {trade_off_text(f)}" if f.get("trade_off") else ""
-            con.print(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   {': '.join(how_to_set(f))}{trade}\n"
-                      f"   why: {f['why']}\n   gain: {f['gain_basis']}")
+            con.print(escape(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   {': '.join(how_to_set(f))}{trade}\n"
+                             f"   why: {f['why']}\n   gain: {f['gain_basis']}"))
+    if none:
+        con.print("[bold]Priced at no gain on this job[/bold] (their whole range under 0.05 ms/step):")
+        for f in none:
+            con.print(escape(f"- [{f['wall']}] {no_gain_line(f)}"))
     for p in d.pitfalls:
-        con.print(f"[bold]Pitfall[/bold]: {p.get('rule', '')}: {p.get('message', '')}{cost_text(p)}")
+        con.print("[bold]Pitfall[/bold]: " + escape(f"{p.get('rule', '')}: {p.get('message', '')}{cost_text(p)}"))
     if d.missing:
-        con.print("Missing from the profile: " + "; ".join(d.missing))
+        con.print("Missing from the profile: " + escape("; ".join(d.missing)))
     return buf.getvalue() if console is None else ""
 
 
 def _replay_text(d: Diagnosis, con: Console) -> None:
     for line in replay_lines(d):
-        con.print(line)
+        con.print(escape(line))
     if d.plan:
         con.print("[bold]Fix plan[/bold] (each fix replayed on top of the ones before it, from the step "
                   "without the profiler):")
         for i, step in enumerate(plan_steps(d), 1):
-            con.print(f"{i}. {step}")
+            con.print(escape(f"{i}. {step}"))
     for line in what_if_lines(d):
-        con.print(line)
+        con.print(escape(line))
 
 
 def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels: int = 10) -> str:
@@ -132,12 +138,16 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
                   "profiler)", ""]
         lines += [f"{i}. {md_cell(step)}" for i, step in enumerate(plan_steps(d), 1)]
     lines += [x for line in what_if_lines(d) for x in ("", md_cell(line))]
-    if d.fixes:
+    to_try, none = fixes_to_try(d)
+    if to_try:
         lines += ["", "### Fixes (predicted gain: best estimate and range)", ""]
         lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(how_to_set(f)[1])}. {f['why']} "
                   f"Gain: {md_cell(f['gain_basis'])}."
                   + (f" {md_cell(trade_off_text(f))}." if f.get("trade_off") else "")
-                  for i, f in enumerate(d.fixes, 1)]
+                  for i, f in enumerate(to_try, 1)]
+    if none:
+        lines += ["", "Priced at no gain on this job (their whole range under 0.05 ms/step):", ""]
+        lines += [f"- {md_cell(no_gain_line(f))}" for f in none]
     for p in d.pitfalls:
         lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}{md_cell(cost_text(p))}"]
     if d.evidence:

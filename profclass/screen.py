@@ -13,7 +13,8 @@ import textwrap
 
 from .classify import WALLS
 from .fixes import gain_text
-from .formatting import how_to_set, layout_lines, pct, plan_steps, replay_lines, shorten, trade_off_text, what_if_lines
+from .formatting import fixes_to_try, how_to_set, layout_lines, pct, plan_steps, replay_lines, shorten, trade_off_text, \
+    what_if_lines
 from .pitfalls import cost_text
 
 # a terminal's first screen: 40 of the usual 45-50 rows, leaving the prompt and the command in view
@@ -84,14 +85,15 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
     asked = what_if_lines(d)
     if asked:  # asked for by name (--what-if): before the fixes profclass chose
         blocks.append(("what if", [x for line in asked for x in wrap(line, "   ")]))
-    for i, f in enumerate(d.fixes[:TOP_FIXES], 1):
+    to_try, none = fixes_to_try(d)
+    for i, f in enumerate(to_try[:TOP_FIXES], 1):
         head = wrap(f"{i}. [{f['wall']}] {f['title']} ({gain_text(f)})", "   ")
         trade = wrap(f"   {trade_off_text(f)}", "   ") if f.get("trade_off") else []
         label, said = how_to_set(f)
         blocks.append((f"fix {i}", head + wrap(f"   {label}: {shorten(said, 2 * width - 7 - len(label))}", "   ") + trade))
-    if d.fixes:
-        blocks.insert(len(blocks) - min(len(d.fixes), TOP_FIXES),
-                      ("fixes", [f"Fixes to try ({len(d.fixes)}; predicted gain, best estimate and range):"]))
+    if to_try:
+        blocks.insert(len(blocks) - min(len(to_try), TOP_FIXES),
+                      ("fixes", [f"Fixes to try ({len(to_try)}; predicted gain, best estimate and range):"]))
     priced = [p for p in d.pitfalls if p.get("cost_ms_per_step")]
     if priced:  # the costliest pitfall: a full recompute's price is here, not among the fixes
         p = max(priced, key=lambda x: x["cost_ms_per_step"])
@@ -99,8 +101,9 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
     replay = replay_lines(d)
     if replay:  # what the replay says the step is without each wall: after the fixes, if room
         blocks.append(("replay", [x for line in replay[1:2] for x in wrap("Replay: " + line[0].lower() + line[1:])]))
-    rest = len(d.fixes) - TOP_FIXES
+    rest = len(to_try) - TOP_FIXES
     counts = [f"{rest} more fix(es)"] if rest > 0 else []
+    counts += [f"{len(none)} priced at no gain"] if none else []
     counts += [f"{len(d.pitfalls)} pitfall(s)"] if d.pitfalls else []
     counts += [f"{len(d.missing)} thing(s) the profile could not show"] if d.missing else []
     if counts:

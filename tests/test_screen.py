@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from conftest import PROFILES, profile_path
 from profclass.cli import main
+from profclass.formatting import fixes_to_try
 from profclass.pipeline import ReplayReport
 from profclass.screen import MAX_LINES, render_screen
 
@@ -27,8 +28,11 @@ def test_one_screen_on_every_fixture(name, diagnosis):
     assert not any(x.startswith("Left out here") for x in lines), lines[-1]
     if d.stragglers:
         assert any(x.startswith(f"Straggler: rank {d.stragglers[0]['rank']} ") for x in lines)
-    if d.fixes:
-        assert any(x.startswith(f"1. [{d.fixes[0]['wall']}] {d.fixes[0]['title'][:40]}") for x in lines)
+    to_try, none = fixes_to_try(d)
+    if to_try:
+        assert any(x.startswith(f"1. [{to_try[0]['wall']}] {to_try[0]['title'][:40]}") for x in lines)
+    if none:  # counted, never numbered among the fixes to try
+        assert f"{len(none)} priced at no gain" in " ".join(lines)
 
 
 def test_cli_prints_the_screen_and_detail_the_tables():
@@ -71,3 +75,33 @@ def test_expert_sizes_and_moe_flags_only_on_moe_jobs(name, moe, diagnosis):
     assert fusion, [f["id"] for f in d.fixes]
     assert ("--moe-permute-fusion" in fusion[0]["flags"]) is moe
     assert fusion[0]["flags"].startswith("--bias-activation-fusion")
+
+
+def test_fixes_priced_at_no_gain_are_listed_apart_in_every_report(diagnosis):
+    """On an interleaved PP 4 capture more interleaving is priced at a loss and manual GC at
+    nothing (no collector pause in its window): the JSON keeps them last in fixes[], and every
+    report lists them apart from the fixes to try, with their price and its basis, so nobody
+    tries them first. The text report keeps each fix's [wall] tag (rich would read it as a
+    style and drop it)."""
+    import html as html_lib
+
+    from profclass.html import render_html
+    from profclass.report import render_markdown, render_text
+    d = diagnosis("mcore_pp4_vpp2_m8")
+    to_try, none = fixes_to_try(d)
+    ids = {f["id"] for f in none}
+    assert {"pp_interleave", "host_gc"} <= ids and to_try
+    assert d.fixes[-len(none):] == none  # the JSON's ranking: last
+    assert all(f["gain_high_ms"] < 0.05 for f in none) and all(f["gain_high_ms"] >= 0.05 for f in to_try)
+    text = render_text(d)
+    head, tail = text.split("Priced at no gain on this job")
+    assert all(f"[{f['wall']}] {f['title']}" in head for f in to_try)
+    assert all(f"- [{f['wall']}] {f['title']}" in tail for f in none)
+    assert not any(f"[{f['wall']}] {f['title']}" in head for f in none)
+    md = render_markdown(d)
+    md_head, md_tail = md.split("Priced at no gain on this job")
+    assert all(f"**{f['title']}**" in md_head for f in to_try) and not any(f"**{f['title']}**" in md_head for f in none)
+    assert "(-13.4 ms/step, range" in md_tail.replace("\n", " ")
+    page = html_lib.unescape(render_html(d))
+    assert "<h3>Priced at no gain on this job</h3>" in page
+    assert page.index(none[0]["title"]) > page.index("Priced at no gain on this job")
