@@ -194,6 +194,9 @@ def test_renderers_and_api(diagnosis):
     line = one_line(r)
     assert "\n" not in line and "regression" in line and "communication" in line
     json.loads(r.to_json())
+    # what the text prints is data, never rich markup: a bracketed word in a note stays
+    r.notes = [*r.notes, "set [moe_router] scope"]
+    assert "Note: set [moe_router] scope" in render_text(r)
 
 
 # --- the rules underneath ----------------------------------------------------------------------

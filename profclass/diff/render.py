@@ -21,40 +21,46 @@ def one_line(r: DiffResult) -> str:
             f"({s['delta_pct']:+.1f}%, {sig}{wall})")
 
 
+def _esc(text: str) -> str:
+    """Data printed as text: a "[tag]" in it is not a rich style (rich imported only to draw)."""
+    from rich.markup import escape
+    return escape(text)
+
+
 def render_text(r: DiffResult, width: int = 120, top: int = 12) -> str:
     from rich.console import Console
 
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=False, color_system=None)
     s, t = r.step, r.step["test"]
-    con.print(f"[bold]profclass diff[/bold]  base {', '.join(r.base['inputs'])}")
-    con.print(f"                candidate {', '.join(r.candidate['inputs'])}")
-    con.print(f"[bold]{r.verdict['summary']}[/bold]")
+    con.print(f"[bold]profclass diff[/bold]  base {_esc(', '.join(r.base['inputs']))}")
+    con.print(_esc(f"                candidate {', '.join(r.candidate['inputs'])}"))
+    con.print(f"[bold]{_esc(r.verdict['summary'])}[/bold]")
     for line in split_lines(r.step.get("split")):  # after the recognised change the verdict leads with
-        con.print(line + ".")
+        con.print(_esc(line + "."))
     con.print(f"Step: base {s['base_ms']:.2f} ms (std {s['base_std_ms']:.2f}, n={s['base_iterations']}), "
               f"candidate {s['candidate_ms']:.2f} ms (std {s['candidate_std_ms']:.2f}, n={s['candidate_iterations']}), "
               f"ratio {s['ratio']:.4f}")
     ci = f", 95% CI of the change [{t['ci95_delta_ms'][0]:+.2f}, {t['ci95_delta_ms'][1]:+.2f}] ms" \
         if t["ci95_delta_ms"] else ""
     p = p_value(t["p_value"])
-    con.print(f"Test: {t['method']}, {p}{ci}; significant needs p<{t['alpha']} and |change|>={t['min_effect_pct']:g}%")
+    con.print(_esc(f"Test: {t['method']}, {p}{ci}; significant needs p<{t['alpha']} and |change|>={t['min_effect_pct']:g}%"))
     _print_walls(con, r)
     if r.causes:
-        con.print(f"Waiting vs transfer: {r.causes['summary']}.")
+        con.print(_esc(f"Waiting vs transfer: {r.causes['summary']}."))
     _print_kernels(con, r, top)
     _print_communication(con, r)
     if r.config_changes:
-        con.print("Configuration changes: " + "; ".join(
-            f"{c['key']}: {c['base']} -> {c['candidate']} ({c['source']})" for c in r.config_changes))
+        con.print(_esc("Configuration changes: " + "; ".join(
+            f"{c['key']}: {c['base']} -> {c['candidate']} ({c['source']})" for c in r.config_changes)))
     else:
         con.print("Configuration changes: none visible in the profiles")
     for line in fix_gain_lines(r.fix_gains):
-        con.print(f"Known fix: {line}")
+        con.print(_esc(f"Known fix: {line}"))
     for p in r.pitfalls:
-        con.print(f"Pitfall ({p['rule']}): {p['message']} Fix: {how_to_fix(p)}")
+        con.print(_esc(f"Pitfall ({p['rule']}): {p['message']} Fix: {how_to_fix(p)}"))
     for n in r.notes:
-        con.print(f"Note: {n}")
+        con.print(_esc(f"Note: {n}"))
     return buf.getvalue()
 
 
@@ -77,7 +83,7 @@ def _print_walls(con, r: DiffResult) -> None:
     con.print(tb)
     tb = _table("Inside the walls", ("wall", "metric", "unit", "base", "candidate", "delta"), ("wall", "metric", "unit"))
     for c in r.components:
-        tb.add_row(c["wall"], c["metric"], c["unit"], f"{c['base']:.2f}", f"{c['candidate']:.2f}", signed_ms(c["delta"]))
+        tb.add_row(c["wall"], _esc(c["metric"]), _esc(c["unit"]), f"{c['base']:.2f}", f"{c['candidate']:.2f}", signed_ms(c["delta"]))
     con.print(tb)
 
 
@@ -86,14 +92,14 @@ def _print_kernels(con, r: DiffResult, top: int) -> None:
                 ("kernel", "status", "n/step base", "n/step cand", "ms/step base", "ms/step cand", "delta"),
                 ("kernel", "status"))
     for k in r.kernels[:top]:
-        tb.add_row(shorten(k["name"], 50), k["status"], f"{k['base']['count_per_step']:.1f}",
+        tb.add_row(_esc(shorten(k["name"], 50)), k["status"], f"{k['base']['count_per_step']:.1f}",
                    f"{k['candidate']['count_per_step']:.1f}", f"{k['base']['ms_per_step']:.3f}",
                    f"{k['candidate']['ms_per_step']:.3f}", signed_ms(k["delta_ms_per_step"]))
     con.print(tb)
     for word, names in (("Appeared", r.appeared), ("Vanished", r.vanished)):
         if names:
-            con.print(f"{word} ({len(names)}): " + "; ".join(shorten(n, 60) for n in names[:8])
-                      + (" ..." if len(names) > 8 else ""))
+            con.print(_esc(f"{word} ({len(names)}): " + "; ".join(shorten(n, 60) for n in names[:8])
+                             + (" ..." if len(names) > 8 else "")))
 
 
 def _print_communication(con, r: DiffResult) -> None:
@@ -107,7 +113,7 @@ def _print_communication(con, r: DiffResult) -> None:
                        f"{m['base']['exposed_ms']:.2f}", f"{m['candidate']['exposed_ms']:.2f}",
                        f"{m['base']['overlapped_ms']:.2f}", f"{m['candidate']['overlapped_ms']:.2f}")
         con.print(tb)
-    con.print("Communication pattern: " + ("; ".join(comm["changes"]) if comm["changes"] else "unchanged"))
+    con.print(_esc("Communication pattern: " + ("; ".join(comm["changes"]) if comm["changes"] else "unchanged")))
 
 
 def render_markdown(r: DiffResult, top: int = 10) -> str:
