@@ -309,6 +309,12 @@ def _summary(verdict: Verdict, shares: dict[str, float], job_ns: dict[str, float
         st = stragglers[0]
         s += (f"; rank {st['rank']} is the straggler ({st['reason']}), costing the others "
               f"{st['others_wait_ms_per_step']:.1f} ms/step of waiting")
+    r = verdict.runner_up
+    if verdict.rule == "scores" and shares[r] > shares[w]:  # the larger share is not the verdict: say why
+        t = load_thresholds()
+        s += (f"; {r} takes more of the step, but each wall is scored as its share over its own threshold "
+              f"(data/calibration.toml: {w} {t[w]:.2f}, {r} {t[r]:.2f}), {w} {verdict.scores[w]:.2f} "
+              f"against {r} {verdict.scores[r]:.2f}")
     if verdict.rule_note:  # which rule decided, or why one that found its evidence did not
         s += f". Rule: {verdict.rule_note}"
     return s + "."

@@ -133,6 +133,10 @@ def test_no_verdict_in_the_corpus_is_less_likely_than_its_runner_up(diagnosis):
         if v["scores"][v["wall"]] < max(v["scores"].values()) or (
                 v["confidence"] < 0.5 and w[v["runner_up"]]["share"] > w[v["wall"]]["share"]):
             bad.append(f"{name}: {v['wall']} {v['confidence']} vs {v['runner_up']}")
+        # where the scores put a smaller share first, the summary says why, in the thresholds' terms
+        said = f"{v['runner_up']} takes more of the step, but each wall is scored as its share over its own threshold"
+        if (said in v["summary"]) != (v["rule"] == "scores" and w[v["runner_up"]]["share"] > w[v["wall"]]["share"]):
+            bad.append(f"{name}: summary {v['summary']!r}")
     assert not bad
 
 
