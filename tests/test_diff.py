@@ -260,6 +260,19 @@ def test_pipeline_send_recv_is_not_an_all_to_all(diagnosis):
     assert pp["candidate"]["calls_per_step"] > pp["base"]["calls_per_step"]  # VPP 2: more exchanges
     text = render_text(r, width=400)
     assert "PP send/recv" in text and "all_to_all (EP)" in text
+    # the kernel table's PP share of SendRecv ("send/recv") counts as the PP row's calls: no row
+    # holds time without calls, nor calls without a group (the dense PP 4 pair has only PP ones)
+    dense = diff(diagnosis("mcore_gb_pp4_m8"), diagnosis("mcore_gb_pp4_vpp2_m8"))
+    for res in (r, dense):
+        for m in res.communication["collectives"]:
+            assert m["group"], m
+            for side in ("base", "candidate"):
+                assert m[side]["calls_per_step"] > 0 or m[side]["transfer_ms"] + m[side]["wait_ms"] == 0, m
+    pp = next(m for m in dense.communication["collectives"] if m["group"] == "PP" and m["collective"] == "all_to_all")
+    for side, d in (("base", diagnosis("mcore_gb_pp4_m8")), ("candidate", diagnosis("mcore_gb_pp4_vpp2_m8"))):
+        table = sum(k["count_per_step"] for k in d.kernels if k["collective"] == "send/recv")
+        assert pp[side]["calls_per_step"] == pytest.approx(table) and table > 0
+    assert pp["candidate"]["calls_per_step"] > pp["base"]["calls_per_step"]  # interleaving adds exchanges
 
 
 def test_recompute_rows_follow_the_walls_table(diagnosis):

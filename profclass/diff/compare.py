@@ -11,7 +11,7 @@ from ..classify import WALLS
 from ..config import RUN_FLAG_ITEMS, launched_with_overrides, run_flags
 from ..contract import saved_side_notes, stamp
 from ..formatting import p_value, shorten, signed_ms
-from ..kernels import collective_label
+from ..kernels import collective_label, collective_name
 from ..pipeline import Diagnosis, _jsonable
 from ..replay.run import replayer_of
 from .causes import attribute
@@ -86,7 +86,8 @@ def _collective_rows(d: Diagnosis) -> dict[str, dict]:
         r["wait_ms"] += c["wait_ms_per_step"]
         r["exposed_ms"] += c["exposed_transfer_ms_per_step"] + c["exposed_wait_ms_per_step"]
         r["overlapped_ms"] += c["overlapped_ms_per_step"]
-        by_key = instances.setdefault(c["collective"], {})
+        # keyed as the kernel table names its rows: the PP share of SendRecv is its "send/recv"
+        by_key = instances.setdefault(collective_name(c["collective"], c["group"]), {})
         by_key[key] = by_key.get(key, 0) + int(c.get("instances") or 0)
     calls: dict[str, float] = {}
     for k in d.kernels:
