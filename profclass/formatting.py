@@ -99,11 +99,16 @@ def fixes_to_try(d) -> tuple[list[dict], list[dict]]:
     return [f for f in fixes if not no_gain(f)], [f for f in fixes if no_gain(f)]
 
 
-def no_gain_line(f: dict) -> str:
-    """A fix priced at no gain, in one sentence: what it is and why it would not help here."""
+def no_gain_line(f: dict, d=None) -> str:
+    """A fix priced at no gain, in one sentence: what it is and why it would not help here, and
+    what it wins in the fix plan of ``d`` where the plan takes it after other fixes (their
+    saving can make room for it: more interleaving after larger micro-batches)."""
     ends = [f.get(k) for k in ("gain_low_ms", "gain_high_ms")]
     span = f", range {ends[0]:.1f} to {ends[1]:.1f}" if None not in ends else ""
-    return f"{f['title']} ({f['expected_gain_ms']:.1f} ms/step{span}): {f['gain_basis']} ({': '.join(how_to_set(f))})"
+    step = next((p for p in (getattr(d, "plan", None) or []) if p["id"] == f["id"]), None)
+    later = f"; the fix plan takes it after others, for -{step['gain_ms']:.1f} ms" if step else ""
+    return (f"{f['title']} ({f['expected_gain_ms']:.1f} ms/step{span}{later}): {f['gain_basis']} "
+            f"({': '.join(how_to_set(f))})")
 
 
 def trade_off_text(f: dict) -> str:

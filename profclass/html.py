@@ -198,8 +198,8 @@ def _fixes(d) -> list[str]:
         out.append("<p class=\"muted\">No fix applies." + (" Those below are priced at no gain." if none else "") + "</p>")
     if none:
         out += ["<h3>Priced at no gain on this job</h3>",
-                "<p class=\"muted\">Their whole range is under 0.05 ms/step.</p>",
-                "<ul class=\"nogain\">" + "".join(f"<li>{_e(no_gain_line(f))}</li>" for f in none) + "</ul>"]
+                "<p class=\"muted\">Alone, their whole range is under 0.05 ms/step.</p>",
+                "<ul class=\"nogain\">" + "".join(f"<li>{_e(no_gain_line(f, d))}</li>" for f in none) + "</ul>"]
     out += [f"<p><b>Pitfall</b> ({_e(p.get('rule', ''))}): {_e(p.get('message', '') + cost_text(p))}</p>"
             for p in d.pitfalls]
     return out

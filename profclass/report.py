@@ -73,9 +73,9 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
             con.print(escape(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   {': '.join(how_to_set(f))}{trade}\n"
                              f"   why: {f['why']}\n   gain: {f['gain_basis']}"))
     if none:
-        con.print("[bold]Priced at no gain on this job[/bold] (their whole range under 0.05 ms/step):")
+        con.print("[bold]Priced at no gain on this job[/bold] (alone: their whole range under 0.05 ms/step):")
         for f in none:
-            con.print(escape(f"- [{f['wall']}] {no_gain_line(f)}"))
+            con.print(escape(f"- [{f['wall']}] {no_gain_line(f, d)}"))
     for p in d.pitfalls:
         con.print("[bold]Pitfall[/bold]: " + escape(f"{p.get('rule', '')}: {p.get('message', '')}{cost_text(p)}"))
     if d.missing:
@@ -146,8 +146,8 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
                   + (f" {md_cell(trade_off_text(f))}." if f.get("trade_off") else "")
                   for i, f in enumerate(to_try, 1)]
     if none:
-        lines += ["", "Priced at no gain on this job (their whole range under 0.05 ms/step):", ""]
-        lines += [f"- {md_cell(no_gain_line(f))}" for f in none]
+        lines += ["", "Priced at no gain on this job (alone: their whole range under 0.05 ms/step):", ""]
+        lines += [f"- {md_cell(no_gain_line(f, d))}" for f in none]
     for p in d.pitfalls:
         lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}{md_cell(cost_text(p))}"]
     if d.evidence:

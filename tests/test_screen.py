@@ -98,6 +98,9 @@ def test_fixes_priced_at_no_gain_are_listed_apart_in_every_report(diagnosis):
     assert all(f"[{f['wall']}] {f['title']}" in head for f in to_try)
     assert all(f"- [{f['wall']}] {f['title']}" in tail for f in none)
     assert not any(f"[{f['wall']}] {f['title']}" in head for f in none)
+    # alone it loses; after the plan's earlier fixes it wins, and the line says what the plan takes
+    step = next(p for p in d.plan if p["id"] == "pp_interleave")
+    assert f"the fix plan takes it after others, for -{step['gain_ms']:.1f} ms" in " ".join(tail.split())
     md = render_markdown(d)
     md_head, md_tail = md.split("Priced at no gain on this job")
     assert all(f"**{f['title']}**" in md_head for f in to_try) and not any(f"**{f['title']}**" in md_head for f in none)
