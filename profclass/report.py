@@ -65,6 +65,16 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
     for e in d.evidence:
         t.add_row(e["wall"], escape(e["metric"]), f"{e['value']:.3f}", escape(e["unit"]), escape(e["note"]))
     con.print(t)
+    _fixes_text(d, con)
+    for p in d.pitfalls:
+        con.print("[bold]Pitfall[/bold]: " + escape(f"{p.get('rule', '')}: {p.get('message', '')}{cost_text(p)}"))
+    if d.missing:
+        con.print("Missing from the profile: " + escape("; ".join(d.missing)))
+    return buf.getvalue() if console is None else ""
+
+
+def _fixes_text(d: Diagnosis, con: Console) -> None:
+    """The fixes to try with their flags, gains and bases; then those priced at no gain."""
     to_try, none = fixes_to_try(d)
     if to_try:
         con.print("[bold]Fixes to try[/bold] (predicted gain, best estimate and range):")
@@ -76,11 +86,6 @@ def render_text(d: Diagnosis, console: Console | None = None, width: int = 110) 
         con.print("[bold]Priced at no gain on this job[/bold] (alone: their whole range under 0.05 ms/step):")
         for f in none:
             con.print(escape(f"- [{f['wall']}] {no_gain_line(f, d)}"))
-    for p in d.pitfalls:
-        con.print("[bold]Pitfall[/bold]: " + escape(f"{p.get('rule', '')}: {p.get('message', '')}{cost_text(p)}"))
-    if d.missing:
-        con.print("Missing from the profile: " + escape("; ".join(d.missing)))
-    return buf.getvalue() if console is None else ""
 
 
 def _replay_text(d: Diagnosis, con: Console) -> None:
@@ -138,16 +143,7 @@ def render_markdown(d: Diagnosis, timeline_image: str | None = None, top_kernels
                   "profiler)", ""]
         lines += [f"{i}. {md_cell(step)}" for i, step in enumerate(plan_steps(d), 1)]
     lines += [x for line in what_if_lines(d) for x in ("", md_cell(line))]
-    to_try, none = fixes_to_try(d)
-    if to_try:
-        lines += ["", "### Fixes (predicted gain: best estimate and range)", ""]
-        lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(how_to_set(f)[1])}. {f['why']} "
-                  f"Gain: {md_cell(f['gain_basis'])}."
-                  + (f" {md_cell(trade_off_text(f))}." if f.get("trade_off") else "")
-                  for i, f in enumerate(to_try, 1)]
-    if none:
-        lines += ["", "Priced at no gain on this job (alone: their whole range under 0.05 ms/step):", ""]
-        lines += [f"- {md_cell(no_gain_line(f, d))}" for f in none]
+    lines += _fixes_markdown(d)
     for p in d.pitfalls:
         lines += ["", f"**Pitfall** ({p.get('rule', '')}): {p.get('message', '')}{md_cell(cost_text(p))}"]
     if d.evidence:
@@ -167,3 +163,19 @@ def one_line(d: Diagnosis) -> str:
     shares = " ".join(f"{x}={pct(d.walls[x]['share'])}" for x in WALLS)
     return (f"profclass: {v['wall']} wall (confidence {v['confidence']:.2f}, runner-up {v['runner_up']}); "
             f"step {d.window['step_ms']['mean']:.1f} ms; {shares}")
+
+
+def _fixes_markdown(d: Diagnosis) -> list[str]:
+    """The fixes to try as a numbered list with their flags and bases; then those priced at no gain."""
+    to_try, none = fixes_to_try(d)
+    lines: list[str] = []
+    if to_try:
+        lines += ["", "### Fixes (predicted gain: best estimate and range)", ""]
+        lines += [f"{i}. **{f['title']}** ({f['wall']}, {gain_text(f)}): {md_code(how_to_set(f)[1])}. {f['why']} "
+                  f"Gain: {md_cell(f['gain_basis'])}."
+                  + (f" {md_cell(trade_off_text(f))}." if f.get("trade_off") else "")
+                  for i, f in enumerate(to_try, 1)]
+    if none:
+        lines += ["", "Priced at no gain on this job (alone: their whole range under 0.05 ms/step):", ""]
+        lines += [f"- {md_cell(no_gain_line(f, d))}" for f in none]
+    return lines
