@@ -82,6 +82,7 @@ def how_to_set(f: dict) -> tuple[str, str]:
 
 
 NO_GAIN_MS = 0.05  # the reports' resolution: a gain that prints as 0.0 ms/step (one decimal)
+NO_GAIN_WHY = f"alone: their whole range under {NO_GAIN_MS} ms/step"  # the reports' words for ``no_gain``
 
 
 def no_gain(f: dict) -> bool:

@@ -17,8 +17,8 @@ from . import timeline_view as tv
 from .classify import WALLS
 from .fixes import gain_text
 from .pitfalls import cost_text
-from .formatting import by_rank, fixes_to_try, how_to_set, layout_lines, no_gain_line, pct, plan_steps, replay_lines, \
-    shorten, trade_off_text, waits_ms_per_step, what_if_lines
+from .formatting import NO_GAIN_WHY, by_rank, fixes_to_try, how_to_set, layout_lines, no_gain_line, pct, plan_steps, \
+    replay_lines, shorten, trade_off_text, waits_ms_per_step, what_if_lines
 from .kernels import collective_name
 
 TOP_KERNELS = 15
@@ -198,7 +198,7 @@ def _fixes(d) -> list[str]:
         out.append("<p class=\"muted\">No fix applies." + (" Those below are priced at no gain." if none else "") + "</p>")
     if none:
         out += ["<h3>Priced at no gain on this job</h3>",
-                "<p class=\"muted\">Alone, their whole range is under 0.05 ms/step.</p>",
+                f"<p class=\"muted\">({_e(NO_GAIN_WHY)})</p>",
                 "<ul class=\"nogain\">" + "".join(f"<li>{_e(no_gain_line(f, d))}</li>" for f in none) + "</ul>"]
     out += [f"<p><b>Pitfall</b> ({_e(p.get('rule', ''))}): {_e(p.get('message', '') + cost_text(p))}</p>"
             for p in d.pitfalls]

@@ -10,8 +10,8 @@ from rich.table import Table
 from .classify import WALLS
 from .fixes import gain_text
 from .pitfalls import cost_text
-from .formatting import by_rank, fixes_to_try, how_to_set, layout_lines, md_cell, md_code, no_gain_line, pct, \
-    plan_steps, replay_lines, trade_off_text, waits_ms_per_step, what_if_lines
+from .formatting import NO_GAIN_WHY, by_rank, fixes_to_try, how_to_set, layout_lines, md_cell, md_code, no_gain_line, \
+    pct, plan_steps, replay_lines, trade_off_text, waits_ms_per_step, what_if_lines
 from .kernels import collective_name
 from .pipeline import Diagnosis
 
@@ -83,7 +83,7 @@ def _fixes_text(d: Diagnosis, con: Console) -> None:
             con.print(escape(f"{i}. [{f['wall']}] {f['title']}  ({gain_text(f)})\n   {': '.join(how_to_set(f))}{trade}\n"
                              f"   why: {f['why']}\n   gain: {f['gain_basis']}"))
     if none:
-        con.print("[bold]Priced at no gain on this job[/bold] (alone: their whole range under 0.05 ms/step):")
+        con.print(f"[bold]Priced at no gain on this job[/bold] ({NO_GAIN_WHY}):")
         for f in none:
             con.print(escape(f"- [{f['wall']}] {no_gain_line(f, d)}"))
 
@@ -176,6 +176,6 @@ def _fixes_markdown(d: Diagnosis) -> list[str]:
                   + (f" {md_cell(trade_off_text(f))}." if f.get("trade_off") else "")
                   for i, f in enumerate(to_try, 1)]
     if none:
-        lines += ["", "Priced at no gain on this job (alone: their whole range under 0.05 ms/step):", ""]
+        lines += ["", f"Priced at no gain on this job ({NO_GAIN_WHY}):", ""]
         lines += [f"- {md_cell(no_gain_line(f, d))}" for f in none]
     return lines
