@@ -1,4 +1,5 @@
-"""Stage 5, fixes: render the fixes table (``data/fixes.toml``) for the verdict and runner-up.
+"""Stage 5, fixes: render the fixes table (``data/fixes.toml``) for the verdict and runner-up
+(the pipeline adds a found pitfall's fix and those the fix plan takes from other walls).
 
 The table is data. This module only evaluates each entry's conditions against a *context*
 (facts derived from the profile) and predicts each fix's gain in ms per step: a best
@@ -92,6 +93,15 @@ def _flags(fix: dict, ctx: dict, key: str = "flags") -> str | None:
         return said
     head, sep, tail = said.partition(";")
     return f"{head} {extra}{sep}{tail}"
+
+
+def joined(chosen: list[dict], every_wall: list[dict], undoing: tuple, plan: list[dict]) -> list[dict]:
+    """``chosen`` (the verdict's and runner-up's fixes) with the fixes of the pitfalls found
+    (``undoing``) and those the fix plan took from walls its steps exposed, each of another wall
+    and marked so (``for``): the plan names no fix the list does not price."""
+    have = {f["id"] for f in chosen}
+    more = {*undoing, *(p["id"] for p in plan)} - have
+    return chosen + [{**f, "for": "pitfall" if f["id"] in undoing else "plan"} for f in every_wall if f["id"] in more]
 
 
 def rank_key(f: dict) -> tuple:

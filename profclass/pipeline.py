@@ -282,7 +282,7 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced=None
     replayed = replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, walls.verdict.wall,
                                      price_fixes, quiet=undo, plan_also=tuple(f for f in every_wall if f["id"] in undo),
                                      plan_walls={w: [f for f in every_wall if f["wall"] == w] for w in classify.WALLS})
-    chosen = replay_run.priced(chosen, replayed.prices, job.step_ms)
+    chosen = replay_run.priced(fixes.joined(chosen, every_wall, undo, replayed.plan), replayed.prices, job.step_ms)
     found = pitfalls.priced(found, {i: (p.best_ms, p.basis) for i, p in replayed.prices.items()}, job.step_ms)
     for pf in found:
         if peak_share is not None and "memory_headroom" in pf["facts"]:

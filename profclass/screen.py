@@ -95,7 +95,7 @@ def _blocks(d, width: int) -> list[tuple[str, list[str]]]:
         blocks.insert(len(blocks) - min(len(to_try), TOP_FIXES),
                       ("fixes", [f"Fixes to try ({len(to_try)}; predicted gain, best estimate and range):"]))
     priced = [p for p in d.pitfalls if p.get("cost_ms_per_step")]
-    if priced:  # the costliest pitfall: a full recompute's price is here, not among the fixes
+    if priced:  # the costliest pitfall (its fix is among the fixes too, since schema 2.32.0)
         p = max(priced, key=lambda x: x["cost_ms_per_step"])
         blocks.append(("pitfall", wrap(f"Pitfall: {p['title']}.{cost_text(p)}", "   ")))
     replay = replay_lines(d)

@@ -235,6 +235,8 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced, tried=tried)
     plan = fix_plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured, plan_walls,
                     frozenset(f["wall"] for f in chosen if f.get("wall")), tried)
+    taken = {p["id"] for p in plan} - set(prices)  # from a wall a step exposed: listed too (fixes.joined)
+    prices.update(_price(r, [f for fs in (plan_walls or {}).values() for f in fs if f["id"] in taken], table, start, untraced))
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
         # traced run would show (the captured step, profiler kept), for pairs judged on traced windows
         traced = price_requests(r, also, table, traced=True)
