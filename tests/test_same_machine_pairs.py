@@ -459,3 +459,20 @@ def test_call_ka_judged_from_its_logs_as_the_notebook_reports():
     assert [j["measured"] for j in judged] == [False, False, True]
     ka3 = judged[2]
     assert (ka3["in_range"], ka3["within"]) == (True, False) and round(ka3["realized"], 2) == 20.92
+
+
+def test_call_kb_judged_from_its_logs_as_the_notebook_reports():
+    """Call KB (fifty-fourth session): call KA's memory-stage pairs on runs of 80 iterations,
+    judged on 50..79 as registered: KB1 measured, in range by the 3% slack, over-priced (5.48
+    realized against 12.41); KB2 unmeasured (its candidate's runs 22% apart)."""
+    written = json.loads(_read("kb_call.json", "KA"))
+    reg = _registration("KB")
+    for p in written["pairs"]:
+        assert f"| {p['best_ms']:.2f} [{p['low_ms']:.2f}, {p['high_ms']:.2f}] |" in reg, p["label"]
+    start = re.search(r"start (\S+)", _read("kb_driver.log", "KA")).group(1)
+    assert written["written_utc"].replace("+00:00", "Z") < start
+    prices = {p["label"]: p for p in written["pairs"]}
+    judged = judge_pairs.judge_call(prices, lambda name: _read(name, "KA"), 50, 79,
+                                    ["KB1=kb:mem:memnocache", "KB2=kb:mem:memnooffload"])
+    assert [j["measured"] for j in judged] == [True, False]
+    assert (judged[0]["in_range"], judged[0]["within"]) == (True, False) and round(judged[0]["realized"], 2) == 5.48
