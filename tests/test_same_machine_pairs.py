@@ -476,3 +476,16 @@ def test_call_kb_judged_from_its_logs_as_the_notebook_reports():
                                     ["KB1=kb:mem:memnocache", "KB2=kb:mem:memnooffload"])
     assert [j["measured"] for j in judged] == [True, False]
     assert (judged[0]["in_range"], judged[0]["within"]) == (True, False) and round(judged[0]["realized"], 2) == 5.48
+
+
+def test_call_kc_judged_from_its_logs_as_the_notebook_reports():
+    """Call KC (fifty-fourth session): two of the plan's fixes together, priced before the call
+    started; unmeasured, the dropless base's two runs 18.5% apart."""
+    written = json.loads(_read("kc_call.json", "KA"))
+    (p,) = written["pairs"]
+    assert f"| {p['best_ms']:.2f} [{p['low_ms']:.2f}, {p['high_ms']:.2f}] |" in _registration("KC")
+    start = re.search(r"start (\S+)", _read("kc_driver.log", "KA")).group(1)
+    assert written["written_utc"].replace("+00:00", "Z") < start
+    (j,) = judge_pairs.judge_call({p["label"]: p}, lambda name: _read(name, "KA"), 6, 30,
+                                  ["KC1=kc:ia_moe1_learned:kc_moe1_capacity_mbs4_m1"])
+    assert not j["measured"] and round(max(j["apart"]), 3) == 0.185
