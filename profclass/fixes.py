@@ -60,13 +60,19 @@ def predict(fix: dict, numbers: dict, step_ms: float) -> dict:
                 gain_model=g.model, gain_basis=g.basis)
 
 
+# why a fix of neither the verdict's wall nor the runner-up's is listed (``for``)
+ORIGIN = {"pitfall": "the fix of a pitfall found", "plan": "the plan takes it once a fix leaves its wall the largest"}
+
+
 def gain_text(f: dict) -> str:
-    """A fix's predicted gain in words, for the text/Markdown/HTML reports."""
+    """A fix's predicted gain in words, for the text/Markdown/HTML reports; where it is listed
+    for a pitfall or for the plan, that too."""
+    origin = f"; {ORIGIN[f['for']]}" if f.get("for") in ORIGIN else ""
     if f.get("expected_gain_ms") is None:
-        return "gain not priced"
+        return "gain not priced" + origin
     pct = "" if f.get("expected_gain_pct") is None else f" ({f['expected_gain_pct']:.0f}%)"
     then = f", then the {f['wall_after']} wall" if f.get("wall_after") else ""  # replayed: what comes next
-    return f"~{f['expected_gain_ms']:.1f} ms/step{pct}, range {f['gain_low_ms']:.1f} to {f['gain_high_ms']:.1f}{then}"
+    return f"~{f['expected_gain_ms']:.1f} ms/step{pct}, range {f['gain_low_ms']:.1f} to {f['gain_high_ms']:.1f}{then}{origin}"
 
 
 def predict_by_id(fix_id: str, numbers: dict, step_ms: float, change: dict | None = None) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import statistics
 
 import pytest
@@ -234,6 +235,28 @@ def test_the_wall_a_fix_exposes_brings_its_own_fixes_into_the_plan():
     # are worth less); since the forty-third session the fabric gains more, its kernel loads read
     # as the drains they are rather than as host time (docs/replay.md, "Kernel loads")
     assert plan[1]["id"] == "host_bigger_launches" and plan[1]["gain_ms"] > max(p["gain_ms"] for p in plan[2:])
+
+
+def test_the_reports_say_why_a_fix_of_another_wall_is_listed(diagnosis):
+    """A fix listed for a pitfall (recompute off on `mcore_rc_full_ample`, the plan's first step)
+    or for the plan (larger micro-batches on `comm_4gpu`, once the fabric is faster) says so in
+    the text, Markdown and HTML reports; a verdict's fix does not."""
+    from profclass.fixes import ORIGIN
+    from profclass.html import render_html
+    from profclass.report import render_markdown, render_text
+
+    for name, fix_id, origin in (("mcore_rc_full_ample", "recompute_off", "pitfall"),
+                                 ("comm_4gpu", "host_bigger_launches", "plan")):
+        d = diagnosis(name)
+        f = next(f for f in d.fixes if f["id"] == fix_id)
+        assert f["for"] == origin and f["expected_gain_ms"] is not None
+        lead = next(x for x in d.fixes if x["for"] == "verdict")
+        for text in (render_text(d, width=400), render_markdown(d), render_html(d)):
+            lines = re.split(r"\n|<li>", text)  # the HTML's list items share a line
+            line = next(ln for ln in lines if f["title"] in ln and "ms/step" in ln)
+            assert ORIGIN[origin] in line, (name, line)
+            line = next(ln for ln in lines if lead["title"] in ln and "ms/step" in ln)
+            assert not any(o in line for o in ORIGIN.values()), (name, line)
 
 
 def test_a_host_paced_fixs_range_holds_a_slower_and_a_faster_host(diagnosis):
