@@ -440,52 +440,47 @@ def test_call_gb_one_lease_meets_the_gains_from_above():
         assert 0 < prices[j["label"]]["best_ms"] - j["realized"] < 2.0, j["label"]
 
 
-def test_call_ka_judged_from_its_logs_as_the_notebook_reports():
-    """Call KA (fifty-fourth session): its registration quotes the prices price_pairs.py wrote
-    before the device call started, and the logs give what the notebook reports: KA1 and KA2
-    unmeasured (the memory stage's runs drift 10.9% and 7.8% apart), KA3 measured, in range and
-    outside the target (20.92 realized against 13.03). Its rows name moe_train.py changes, not
-    configs, so the pairs are spelled out here."""
-    written = json.loads(_read("ka_call.json", "KA"))
-    reg = _registration("KA")
+def _fifty_fourth(call: str) -> dict:
+    """Calls KA-KC (fifty-fourth session; logs under timers/s54/): the prices price_pairs.py wrote,
+    checked to be the ones the registration quotes and written before the device call started."""
+    prefix = call.lower()
+    written = json.loads(_read(f"{prefix}_call.json", "KA"))
+    reg = _registration(call)
     for p in written["pairs"]:
         assert f"| {p['best_ms']:.2f} [{p['low_ms']:.2f}, {p['high_ms']:.2f}] |" in reg, p["label"]
-    start = re.search(r"start (\S+)", _read("ka_driver.log", "KA")).group(1)
+    start = re.search(r"start (\S+)", _read(f"{prefix}_driver.log", "KA")).group(1)
     assert written["written_utc"].replace("+00:00", "Z") < start
-    prices = {p["label"]: p for p in written["pairs"]}
-    read = lambda name: _read(name, "KA")  # noqa: E731
-    judged = (judge_pairs.judge_call(prices, read, 10, 29, ["KA1=ka:mem:memnocache", "KA2=ka:mem:memnooffload"])
-              + judge_pairs.judge_call(prices, read, 6, 30, ["KA3=ka:ia_moe1_learned:ka_moe1_mbs4_m1"]))
+    return {p["label"]: p for p in written["pairs"]}
+
+
+def _judged_s54(prices: dict, first: int, last: int, specs: list[str]) -> list[dict]:
+    return judge_pairs.judge_call(prices, lambda name: _read(name, "KA"), first, last, specs)
+
+
+def test_call_ka_judged_from_its_logs_as_the_notebook_reports():
+    """Call KA: the logs give what the notebook reports: KA1 and KA2 unmeasured (the memory
+    stage's runs drift 10.9% and 7.8% apart), KA3 measured, in range and outside the target
+    (20.92 realized against 13.03). Its rows name moe_train.py changes, not configs, so the
+    pairs are spelled out here."""
+    prices = _fifty_fourth("KA")
+    judged = (_judged_s54(prices, 10, 29, ["KA1=ka:mem:memnocache", "KA2=ka:mem:memnooffload"])
+              + _judged_s54(prices, 6, 30, ["KA3=ka:ia_moe1_learned:ka_moe1_mbs4_m1"]))
     assert [j["measured"] for j in judged] == [False, False, True]
     ka3 = judged[2]
     assert (ka3["in_range"], ka3["within"]) == (True, False) and round(ka3["realized"], 2) == 20.92
 
 
 def test_call_kb_judged_from_its_logs_as_the_notebook_reports():
-    """Call KB (fifty-fourth session): call KA's memory-stage pairs on runs of 80 iterations,
-    judged on 50..79 as registered: KB1 measured, in range by the 3% slack, over-priced (5.48
-    realized against 12.41); KB2 unmeasured (its candidate's runs 22% apart)."""
-    written = json.loads(_read("kb_call.json", "KA"))
-    reg = _registration("KB")
-    for p in written["pairs"]:
-        assert f"| {p['best_ms']:.2f} [{p['low_ms']:.2f}, {p['high_ms']:.2f}] |" in reg, p["label"]
-    start = re.search(r"start (\S+)", _read("kb_driver.log", "KA")).group(1)
-    assert written["written_utc"].replace("+00:00", "Z") < start
-    prices = {p["label"]: p for p in written["pairs"]}
-    judged = judge_pairs.judge_call(prices, lambda name: _read(name, "KA"), 50, 79,
-                                    ["KB1=kb:mem:memnocache", "KB2=kb:mem:memnooffload"])
+    """Call KB: call KA's memory-stage pairs on runs of 80 iterations, judged on 50..79 as
+    registered: KB1 measured, in range by the 3% slack, over-priced (5.48 realized against
+    12.41); KB2 unmeasured (its candidate's runs 22% apart)."""
+    judged = _judged_s54(_fifty_fourth("KB"), 50, 79, ["KB1=kb:mem:memnocache", "KB2=kb:mem:memnooffload"])
     assert [j["measured"] for j in judged] == [True, False]
     assert (judged[0]["in_range"], judged[0]["within"]) == (True, False) and round(judged[0]["realized"], 2) == 5.48
 
 
 def test_call_kc_judged_from_its_logs_as_the_notebook_reports():
-    """Call KC (fifty-fourth session): two of the plan's fixes together, priced before the call
-    started; unmeasured, the dropless base's two runs 18.5% apart."""
-    written = json.loads(_read("kc_call.json", "KA"))
-    (p,) = written["pairs"]
-    assert f"| {p['best_ms']:.2f} [{p['low_ms']:.2f}, {p['high_ms']:.2f}] |" in _registration("KC")
-    start = re.search(r"start (\S+)", _read("kc_driver.log", "KA")).group(1)
-    assert written["written_utc"].replace("+00:00", "Z") < start
-    (j,) = judge_pairs.judge_call({p["label"]: p}, lambda name: _read(name, "KA"), 6, 30,
-                                  ["KC1=kc:ia_moe1_learned:kc_moe1_capacity_mbs4_m1"])
+    """Call KC: two of the plan's fixes together; unmeasured, the dropless base's two runs
+    18.5% apart."""
+    (j,) = _judged_s54(_fifty_fourth("KC"), 6, 30, ["KC1=kc:ia_moe1_learned:kc_moe1_capacity_mbs4_m1"])
     assert not j["measured"] and round(max(j["apart"]), 3) == 0.185
