@@ -61,7 +61,7 @@ def predict(fix: dict, numbers: dict, step_ms: float) -> dict:
 
 
 # why a fix of neither the verdict's wall nor the runner-up's is listed (``for``)
-ORIGIN = {"pitfall": "the fix of a pitfall found", "plan": "the plan takes it once a fix leaves its wall the largest"}
+ORIGIN = {"pitfall": "the fix of a pitfall found", "plan": "the plan takes it where its wall holds the replayed step back most"}
 
 
 def gain_text(f: dict) -> str:
@@ -103,8 +103,9 @@ def _flags(fix: dict, ctx: dict, key: str = "flags") -> str | None:
 
 def joined(chosen: list[dict], every_wall: list[dict], undoing: tuple, plan: list[dict]) -> list[dict]:
     """``chosen`` (the verdict's and runner-up's fixes) with the fixes of the pitfalls found
-    (``undoing``) and those the fix plan took from walls its steps exposed, each of another wall
-    and marked so (``for``): the plan names no fix the list does not price."""
+    (``undoing``) and those the fix plan took from other walls (the one whose removal shortens
+    the replayed step most, those its steps exposed), each marked so (``for``): the plan names no
+    fix the list does not price."""
     have = {f["id"] for f in chosen}
     more = {*undoing, *(p["id"] for p in plan)} - have
     return chosen + [{**f, "for": "pitfall" if f["id"] in undoing else "plan"} for f in every_wall if f["id"] in more]

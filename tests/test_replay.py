@@ -66,13 +66,14 @@ def test_the_plan_starts_with_the_largest_replayed_gain(snap):
     whichever kind it is (a schedule change taken after the graph's fixes failed this on 7
     pipelined captures). A fix of another wall that undoes a pitfall the profile shows (recompute
     off where memory has room) competes too: where it leads, its gain is the pitfall's replayed
-    cost. The plan's pool at its start is the verdict's, the runner-up's and the pitfalls'
-    fixes; a fix it took later from an exposed wall (``for`` plan) may price more alone."""
+    cost. The plan's pool at its start is the verdict's, the runner-up's, the pitfalls' and the
+    largest removal's fixes; a fix it took later from a wall a step exposed may price more alone."""
     from profclass.pitfalls import load_rules
 
     d = json.loads(snap.read_text())
+    seeded = d["replay"].get("largest_removal") if d["replay"] else None
     priced = [f for f in d["fixes"] if (f.get("gain_basis") or "").startswith("replay:") and f["expected_gain_ms"] > 0
-              and f["for"] != "plan"]
+              and (f["for"] != "plan" or f["wall"] == seeded)]
     if not d["plan"] or not priced:
         return
     best = max(priced, key=lambda f: f["expected_gain_ms"])
@@ -198,11 +199,12 @@ def test_the_expert_phase_is_the_ops_between_dispatch_and_combine():
 @pytest.mark.parametrize("snap", DIAGNOSES, ids=lambda p: p.stem)
 def test_a_plan_step_comes_from_the_listed_fixes_a_pitfall_or_the_wall_a_step_exposed(snap):
     """The plan classifies again: its pool is the verdict's and runner-up's fixes, a fix that
-    undoes a pitfall the profile shows, and the fixes of each wall a step leaves the largest
-    (``replay.plan.fix_plan``). No other fix enters, one of an exposed wall enters only after the
-    step that exposed it, and every step's fix is listed in fixes[] with its price alone and
-    where it came from (``for``; before schema 2.32.0 the last two kinds were not listed, and
-    `mcore_rc_full_ample`'s plan began with a fix fixes[] did not hold)."""
+    undoes a pitfall the profile shows, the fixes of the wall whose removal shortens the replayed
+    step most, and those of each wall a step leaves the largest (``replay.plan.fix_plan``). No
+    other fix enters, one of an exposed wall enters only after the step that exposed it, and
+    every step's fix is listed in fixes[] with its price alone and where it came from (``for``;
+    before schema 2.32.0 the last kinds were not listed, and `mcore_rc_full_ample`'s plan began
+    with a fix fixes[] did not hold)."""
     from profclass.fixes import load_table
     from profclass.pitfalls import load_rules
 
@@ -211,7 +213,7 @@ def test_a_plan_step_comes_from_the_listed_fixes_a_pitfall_or_the_wall_a_step_ex
     listed = {f["id"]: f for f in d["fixes"]}
     by_rule = {r["id"]: r.get("priced_by") for r in load_rules()}
     undoing = {by_rule.get(p["rule"]) for p in d["pitfalls"]}
-    exposed = set()
+    exposed = {d["replay"]["largest_removal"]} if d["plan"] else set()  # in the pool from the start
     for step in d["plan"]:
         f = listed.get(step["id"])
         assert f is not None and f["expected_gain_ms"] is not None, (step, sorted(listed))
@@ -235,6 +237,20 @@ def test_the_wall_a_fix_exposes_brings_its_own_fixes_into_the_plan():
     # are worth less); since the forty-third session the fabric gains more, its kernel loads read
     # as the drains they are rather than as host time (docs/replay.md, "Kernel loads")
     assert plan[1]["id"] == "host_bigger_launches" and plan[1]["gain_ms"] > max(p["gain_ms"] for p in plan[2:])
+
+
+@pytest.mark.parametrize("name, first, was", [("compute_4gpu_syncs", "moe_drop_and_pad", "ep_deepep"),
+                                             ("mcore_ep4_hoststall", "cuda_graphs", "comm_even_out_ranks")])
+def test_the_plan_starts_from_the_wall_whose_removal_gains_most(name, first, was):
+    """Where the replay finds removing a wall neither the verdict's nor the runner-up's shortens
+    the step most (host, on both), that wall's fixes are in the plan's pool from its start: the
+    plan began with a smaller fix of the verdict's walls (``was``) and took the larger one
+    second, before the fifty-fourth session."""
+    d = json.loads((ROOT / "tests" / "snapshots" / f"{name}.json").read_text())
+    assert d["replay"]["largest_removal"] == "host" not in (d["verdict"]["wall"], d["verdict"]["runner_up"])
+    assert d["plan"][0]["id"] == first and was != first
+    alone = {f["id"]: f["expected_gain_ms"] for f in d["fixes"]}
+    assert d["plan"][0]["gain_ms"] == pytest.approx(alone[first], abs=0.011) and alone[first] > alone[was]
 
 
 def test_the_reports_say_why_a_fix_of_another_wall_is_listed(diagnosis):

@@ -38,7 +38,7 @@ def disagreement(verdict: str, largest: str, without: dict, measured: float) -> 
             f"time is partly hidden behind other work, so the step does not fall by its share")
 
 
-def schedule_basis(spec: dict, stages, traced: bool, host_note: str) -> str:
+def schedule_basis(spec: dict, stages, traced: bool, host_text: str) -> str:
     return (f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
             f"per-micro-batch work, rest, exchange cost and sync refill ({describe(spec)}"
             + (f"; {pipeline_schedule.balance_note(stages)}" if spec.get("balance") else "")
@@ -46,7 +46,7 @@ def schedule_basis(spec: dict, stages, traced: bool, host_note: str) -> str:
             + "), against the schedule "
             f"simulated at the captured (p, v, m); " + ("both as traced (the profiler kept)" if traced else
             "both without the profiler (each stage's host time less what the graph replay says CUDA "
-            "tracing added to it)" + host_note))
+            "tracing added to it)" + host_text))
 
 
 def graph_basis(r, spec: dict, traced: bool) -> str:
@@ -81,3 +81,14 @@ def fixes_basis(r, specs: list[dict], stages, traced: bool) -> str:
                 "a shorter micro-batch leaves a smaller bubble): " + parts)
     return ("together, each transform applied to the weights the one before it left, at the same "
             "point of each range (the plan's arithmetic): " + parts)
+
+
+def host_note(r) -> str:
+    """What a fix's range holds beside its transform's parameters: the host's time at each end
+    (``Replayer.host_factors``) and why."""
+    slow, fast = r.host_factors
+    why = ("HOST_SPEED: one machine's drift; no host probe read" if not r.inp.host_probe_ns else
+           f"the corpus's hosts at the 10th and 90th percentile of the host probe against this one's "
+           f"{r.inp.host_probe_ns:.0f} ns, at least HOST_SPEED either way")
+    return (f"; the range also holds it with the host's time x{fast:g} and x{slow:g} (the host that banks "
+            f"the gain is not the captured one: {why})")

@@ -28,12 +28,13 @@ def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None
     micro-batch leaves a smaller bubble). A larger micro-batch's host saving is priced on the
     captured stages. A step's wall after is the critical path's so far (``_Path``).
 
-    The pool starts as ``chosen`` (the verdict's and runner-up's fixes, and a pitfall's that
-    applies) and grows as the walls move: where a step leaves a wall the largest whose fixes are
+    The pool starts as ``chosen`` (the verdict's and runner-up's fixes, a pitfall's that
+    applies, and those of the wall whose removal shortens the replayed step most, ``run.replay_job``)
+    and grows as the walls move: where a step leaves a wall the largest whose fixes are
     not in it, that wall's applicable fixes (``walls``: wall -> ``fixes.select`` rows) join it,
     so the fix after "then the X wall" can be an X fix (the plan classifies again). ``covered``:
-    the walls whose fixes ``chosen`` already holds (the verdict's and runner-up's; a pitfall's
-    fix alone does not cover its wall). ``tried``: the prices' replays of graph fixes from
+    the walls whose fixes ``chosen`` already holds (the verdict's, the runner-up's and the largest
+    removal's; a pitfall's fix alone does not cover its wall). ``tried``: the prices' replays of graph fixes from
     ``start`` at their best (fix id -> (weights, outcome)), taken as they are there."""
     pool = _Pool(r, table, walls or {})
     pool.add([f for f in chosen if f["id"] in prices and (prices[f["id"]].best_ms > 0 or _reschedules(r, table[f["id"]]["transform"]))])

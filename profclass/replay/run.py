@@ -229,12 +229,16 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         section["pipeline_schedule"] = pipeline_schedule.fidelity(r.stages)
     # fixes are priced and planned on the step without the profiler: the gain is banked in the
     # job that runs without it, where the host's calls cost less (docs/replay.md)
-    pool = chosen + [f for f in plan_also if f["id"] not in {c["id"] for c in chosen}]
+    # the plan classifies again before its first step too: the wall whose removal shortens the
+    # replayed step most joins the verdict's and runner-up's, its fixes priced from the start
+    covered = frozenset(f["wall"] for f in chosen if f.get("wall"))
+    seeded = [] if largest in covered else (plan_walls or {}).get(largest, [])
+    pool = chosen + list({f["id"]: f for f in (*plan_also, *seeded) if f["id"] not in {c["id"] for c in chosen}}.values())
     asked = dict.fromkeys(i for i in (*also, *quiet) if i not in {f["id"] for f in pool})
     tried: dict = {}  # the graph fixes' best replays from the start: the plan's first step tries them again
     prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced, tried=tried)
     plan = fix_plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured, plan_walls,
-                    frozenset(f["wall"] for f in chosen if f.get("wall")), tried)
+                    covered | ({largest} if seeded else set()), tried)
     taken = {p["id"] for p in plan} - set(prices)  # from a wall a step exposed: listed too (fixes.joined)
     prices.update(_price(r, [f for fs in (plan_walls or {}).values() for f in fs if f["id"] in taken], table, start, untraced))
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
@@ -338,7 +342,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
                 spread = [g["best"] for g in (pipeline_schedule.gains_ms(spec, st) for _, _, _, st in variants) if g]
                 prices[f.get("request", f["id"])] = FixPrice(
                     f["id"], round(min(*gains.values(), *spread), 2), round(gains["best"], 2),
-                    round(max(*gains.values(), *spread), 2), notes.schedule_basis(spec, stages, traced, _host_note(r)),
+                    round(max(*gains.values(), *spread), 2), notes.schedule_basis(spec, stages, traced, notes.host_note(r)),
                     wall_after=critical_path.largest(critical_path.after_delta(start_cp(), gains["best"], spec["kind"])))
             continue
         gains, best = {}, {}
@@ -356,7 +360,7 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         basis = notes.fixes_basis(r, specs, stages, traced)
         trade = r.tokens_dropped if any(s["kind"] == "static_shapes" for s in specs) else None
         prices[f.get("request", f["id"])] = FixPrice(f["id"], round(lo, 2), round(gains["best"], 2), round(hi, 2),
-                                                     basis + ("" if traced else _host_note(r)), trade,
+                                                     basis + ("" if traced else notes.host_note(r)), trade,
                                                      pipelined.wall_after(r, specs, gains["best"], start_cp, start_out, best))
     return prices
 
@@ -406,15 +410,6 @@ def host_range(probe_ns: float | None) -> tuple:
         return HOST_SPEED
     fast, _, slow = PROBE_NS_CORPUS
     return round(max(HOST_SPEED[0], slow / probe_ns), 2), round(min(HOST_SPEED[1], fast / probe_ns), 2)
-
-
-def _host_note(r: Replayer) -> str:
-    slow, fast = r.host_factors
-    why = ("HOST_SPEED: one machine's drift; no host probe read" if not r.inp.host_probe_ns else
-           f"the corpus's hosts at the 10th and 90th percentile of the host probe against this one's "
-           f"{r.inp.host_probe_ns:.0f} ns, at least HOST_SPEED either way")
-    return (f"; the range also holds it with the host's time x{fast:g} and x{slow:g} (the host that banks "
-            f"the gain is not the captured one: {why})")
 
 
 def _missing(r: Replayer) -> list[str]:
