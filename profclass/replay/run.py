@@ -238,7 +238,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     tried: dict = {}  # the graph fixes' best replays from the start: the plan's first step tries them again
     prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced, tried=tried)
     plan = fix_plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured, plan_walls,
-                    covered | ({largest} if seeded else set()), tried)
+                    covered | {largest}, tried)
     taken = {p["id"] for p in plan} - set(prices)  # from a wall a step exposed: listed too (fixes.joined)
     prices.update(_price(r, [f for fs in (plan_walls or {}).values() for f in fs if f["id"] in taken], table, start, untraced))
     if also:  # asked for by id (the gain-pair tables): only then in the section, with the gain the
