@@ -49,7 +49,8 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "EC": "fixtures/timers/s44/", "EE": "fixtures/timers/s44/", "FC": "fixtures/timers/s45/",
         "GA": "fixtures/timers/s46/", "GB": "fixtures/timers/s46/",
         "GC": "fixtures/timers/s46/", "IA": "fixtures/timers/s49/", "IB": "fixtures/timers/s49/",
-        "JA": "fixtures/timers/s50/", "KA": "fixtures/timers/s54/"}
+        "JA": "fixtures/timers/s50/", "KA": "fixtures/timers/s54/",
+        "LA": "fixtures/timers/s55/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
@@ -484,3 +485,28 @@ def test_call_kc_judged_from_its_logs_as_the_notebook_reports():
     18.5% apart."""
     (j,) = _judged_s54(_fifty_fourth("KC"), 6, 30, ["KC1=kc:ia_moe1_learned:kc_moe1_capacity_mbs4_m1"])
     assert not j["measured"] and round(max(j["apart"]), 3) == 0.185
+
+
+def _call_la() -> dict:
+    """Call LA (fifty-fifth session; logs under timers/s55/): priced on the device by the commit
+    that registered the pairs, and written before the first twin started."""
+    written = json.loads(_read("la_call.json", "LA"))
+    assert written["commit"] == "4a26c229" and "`same_machine_pairs.sh call_la`" in _registration("LA")
+    stamps = _read("la_call.out", "LA")
+    first_twin = re.search(r"^== la_rc_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
+    assert written["written_utc"].replace("+00:00", "Z") <= first_twin
+    assert [p["label"] for p in written["pairs"]] == ["LA1", "LA2", "LA3", "LA4"]
+    return {p["label"]: p for p in written["pairs"]}
+
+
+def test_call_la_judged_from_its_logs_as_the_notebook_reports():
+    """Call LA: the recompute scenario's three pairs unmeasured (its base's two runs 7.2% apart,
+    every candidate's within 1%), the memory scenario's allocator churn, priced from a window
+    past the warm-up, measured, in range and within target (9.22 realized against 7.50)."""
+    prices = _call_la()
+    read = lambda name: _read(name, "LA")  # noqa: E731
+    rc = judge_pairs.judge_call(prices, read, 10, 29, ["LA1=la:rc:norc", "LA2=la:rc:mbs8/2", "LA3=la:rc:norc_mbs8/2"])
+    assert [j["measured"] for j in rc] == [False] * 3 and round(max(rc[0]["apart"]), 3) == 0.072
+    (mem,) = judge_pairs.judge_call(prices, read, 50, 79, ["LA4=la:mem:memnocache"])
+    assert (mem["measured"], mem["in_range"], mem["within"]) == (True, True, True)
+    assert round(mem["realized"], 2) == 9.22
