@@ -42,7 +42,8 @@ from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, in_forward, iter_gpu
 # calls for the idle split, graph launches, a library's kernel loads for the host analyzer and
 # the replay): the loader keeps only these (filtered in SQLite)
 API_CALLS_USED = re.compile("|".join(f"(?:{p.pattern})" for p in (LAUNCH_CALLS, ALLOC_CALLS, SYNC_CALLS,
-                                                                KERNEL_LOAD_CALLS, KERNEL_SETUP_CALLS)))
+                                                                KERNEL_LOAD_CALLS, KERNEL_SETUP_CALLS,
+                                                                it.CAPTURE_START_CALLS)))
 # the columns of all ops that the job-level configuration reads (distinct rows suffice)
 CONFIG_COLUMNS = ["is_comm", "library", "collective", "is_fp8"]
 # the columns of the CUDA event rows that replay.trace._event_edges reads (not their times
@@ -95,6 +96,7 @@ class GpuSummary:
     # (starts, ends) of the GEMM-free stretches before its step boundaries (iterations.boundary_gaps)
     boundary_gaps: tuple = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     step: dict = field(default_factory=dict)  # iterations.step_info, found on this GPU alone
+    capture_start: str = "unknown"  # iterations.capture_start: where the export began this process
     shift_ns: int = 0  # total clock shift applied (own clock = shared clock - shift_ns)
     # the steady window as the replay's dependency graph parts (profclass.replay.trace)
     replay_trace: GpuTrace | None = None
@@ -217,6 +219,7 @@ def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines
         ops=comm.reset_index(drop=True),
         compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
         kernel_agg=gpu_kernel_agg(g.ops, g.window), kernels_total=int(is_kernel.sum()), step=step,
+        capture_start=it.capture_start(g),
         alltoall_peers=nccl_alltoall_peers(g.nvtx),
         host_waits=idle.host_waits(g), boundary_gaps=it.boundary_gaps(g),
         replay_trace=replay_trace(g, prof.sync_events,

@@ -154,3 +154,24 @@ def test_step_spans_stay_exact_integers_near_the_int64_limit():
         out = iterations.mark_steady(its)
     assert out["step_end"].tolist() == [big + 2, 2**63 - 900, 2**63 - 1]
     assert out["step_end"].dtype == np.int64
+
+
+def _captured_from_process_start(command: str) -> bool:
+    """The construction's answer: nsys traced from the launch unless the command (or, for
+    capture_layouts.sh, every set but whole_small: its $PROF) gives a capture range."""
+    if "capture_layouts.sh" in command:
+        return "whole_small" in command
+    return "--capture-range" not in command
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_capture_start_read_as_the_capture_was_made(name, diagnosis):
+    """``window.capture_start`` from each process's first CUDA call, against the command that
+    made the capture (corpus.toml); a capture from the process's start says in missing[] that
+    the window is the run's first steps, a capture range does not."""
+    d = diagnosis(name)
+    process = _captured_from_process_start(PROFILES[name]["command"])
+    assert d.window["capture_start"] == ("process" if process else "range")
+    said = any(m.startswith("the run's later steps") for m in d.missing)
+    assert said == process
+    assert 0 <= d.window["iterations_before"]

@@ -44,6 +44,12 @@ MIN_STEADY = 3  # fewer steady steps than this: the window is weak (no spread, w
 # one lost the rest to the capture's start or end, however long it looks (PyTorch skips a kernel
 # on an empty tensor: the 1% is room for an expert with no tokens)
 WHOLE_PERIOD_KERNELS = 0.99
+# The process's first CUDA call in the export tells where the capture began: the CUDA runtime's
+# start (lazy loading's mode query, made before any GPU work) when nsys traced the process from
+# its launch, the profiler API's start with a capture range (cudaProfilerApi). Read on the
+# corpus: the first call of all 9 whole-run captures and of all 34 with a range (docs/notes.md,
+# fifty-fourth session). The loader keeps these calls (ranks.API_CALLS_USED).
+CAPTURE_START_CALLS = re.compile(r"^(cuModuleGetLoadingMode|cuProfilerStart|cudaProfilerStart)$")
 
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> WindowResult:
@@ -268,6 +274,37 @@ def boundary_gaps(gpu: GpuTimeline) -> tuple[np.ndarray, np.ndarray]:
     return last[keep], bounds[has][keep]
 
 
+def capture_start(gpu: GpuTimeline) -> str:
+    """``process``: the export holds this process from its start (its first CUDA call the
+    runtime's); ``range``: a capture range began it; ``unknown``: neither call is held (another
+    CUDA, or a capture started by a delay or by hand)."""
+    rt = gpu.runtime
+    rows = np.flatnonzero(capture_start_calls(rt))
+    if not rows.size:
+        return "unknown"
+    first = rows[np.argmin(rt["start"].to_numpy()[rows])]
+    return "process" if str(rt["name"].iloc[first]) == "cuModuleGetLoadingMode" else "range"
+
+
+def capture_start_calls(rt: pd.DataFrame) -> np.ndarray:
+    """Per API call: one of ``CAPTURE_START_CALLS`` (kept for ``capture_start`` alone: the
+    runtime's and the profiler's start are not the job's work, and the replay leaves them out)."""
+    if rt.empty or not hasattr(rt["name"], "cat"):
+        return np.zeros(len(rt), bool)
+    cats = rt["name"].cat.categories
+    wanted = np.flatnonzero([CAPTURE_START_CALLS.match(str(c)) is not None for c in cats])
+    return np.isin(rt["name"].cat.codes.to_numpy(), wanted) if wanted.size else np.zeros(len(rt), bool)
+
+
+def captured_before(gpu) -> int:
+    """Iterations found before the steady window's first (warm-up the window dropped, and any
+    whole period the capture held before it)."""
+    its = gpu.iterations
+    if its is None or its.empty or "steady" not in its or not its["steady"].any():
+        return 0
+    return int(np.argmax(its["steady"].to_numpy(bool)))
+
+
 def step_info(gpu) -> dict:
     """What the job's consensus needs of one GPU (compact: it travels from the workers)."""
     st = gpu.steady
@@ -350,7 +387,17 @@ def window_section(job: Job, numbers: dict) -> dict:
                 step_ms=dict(mean=round(job.step_ms, 3), median=round(float(np.median(job_steps)), 3),
                              std=round(float(job_steps.std(ddof=1)) if len(job_steps) > 1 else 0.0, 3),
                              min=round(float(job_steps.min()), 3), max=round(float(job_steps.max()), 3),
-                             per_iteration=[round(float(x), 3) for x in job_steps]))
+                             per_iteration=[round(float(x), 3) for x in job_steps]),
+                **job_capture_start(job.records))
+
+
+def job_capture_start(records) -> dict:
+    """The window's place in the run: ``capture_start`` (``process``, ``range`` or ``unknown``,
+    the one every GPU's process gives, else ``unknown``) and ``iterations_before`` (the fewest
+    iterations any GPU found before its steady window)."""
+    starts = {getattr(r.gpu, "capture_start", None) or capture_start(r.gpu) for r in records}
+    return dict(capture_start=starts.pop() if len(starts) == 1 else "unknown",
+                iterations_before=min(captured_before(r.gpu) for r in records))
 
 
 def window_source(records: list[GpuRecord]) -> str:
@@ -374,6 +421,17 @@ def missing(job: Job, numbers: dict) -> list[str]:
         out.append(f"iterations on {', '.join(took)} (not found on that GPU alone: it uses the step "
                    f"the other GPUs of the job found, at the same times)")
     n = min(r.analysis.window.iterations for r in recs)
+    start = job_capture_start(recs)
+    if start["capture_start"] == "process":
+        k = start["iterations_before"]
+        out.append(f"the run's later steps (the capture began with the process, its first CUDA call the "
+                   f"runtime's start, and the steady window follows the {k} iteration(s) found before it: "
+                   f"a run that goes on may settle at another pace, and prices of host-side and allocator "
+                   f"work carry its start-up. On moe_train.py's memory stage the first 8 iterations ran "
+                   f"124 ms a step against 73-78 from the 50th, and allocator churn priced from them at 12.4 "
+                   f"ms/step realized 5.5, priced from iterations 55-60 at 7.5 realized 9.2: docs/notes.md, "
+                   f"calls KB and LA. Capture later steps: nsys --capture-range=cudaProfilerApi around "
+                   f"torch.cuda.profiler.start()/stop(), Megatron-LM's --profile --profile-step-start N)")
     if n < MIN_STEADY:
         out.append(f"steady iterations: only {n} (per-step numbers rest on few steps; capture more)")
     steps = np.array([r.analysis.window.window_ns / max(r.iterations, 1) for r in recs], float)

@@ -12,6 +12,7 @@ from .. import intervals as iv
 from ..analyzers.host import GC_RANGES, kernel_load_ns
 from ..analyzers.idle import ALLOC_CALLS, FREE_CALLS, SYNC_CALLS, UNMAP_CALLS
 from ..analyzers.sets import contains_per_distinct, name_matches
+from ..analyzers.iterations import capture_start_calls
 from ..timeline import GpuTimeline
 from .constants import QUEUE_FULL_SHARE, QUEUE_MIN_DEPTH, THREAD_WAIT_NS
 
@@ -25,6 +26,8 @@ def window_calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
     if rt.empty:
         return pd.DataFrame({c: np.zeros(0, np.int64) for c in ("start", "end", "tid", "correlation")}
                             | {"name": np.zeros(0, object), "closing": np.zeros(0, bool)})
+    if (profiler := capture_start_calls(rt)).any():
+        rt = rt[~profiler]
     s = rt["start"].to_numpy(np.int64)
     # a call the window opens inside (a sync waiting for the window's first collective) is
     # the window's from its start: where it returns depends on the window's ops
