@@ -424,8 +424,10 @@ def missing(job: Job, numbers: dict) -> list[str]:
     start = job_capture_start(recs)
     if start["capture_start"] == "process":
         k = start["iterations_before"]
+        ahead = "begins at the first iteration found" if k == 0 else (
+            f"follows the {'first iteration' if k == 1 else f'{k} iterations'} found before it")
         out.append(f"the run's later steps (the capture began with the process, its first CUDA call the "
-                   f"runtime's start, and the steady window follows the {k} iteration(s) found before it: "
+                   f"runtime's start, and the steady window {ahead}: "
                    f"a run that goes on may settle at another pace, and prices of host-side and allocator "
                    f"work carry its start-up. On moe_train.py's memory stage the first 8 iterations ran "
                    f"124 ms a step against 73-78 from the 50th, and allocator churn priced from them at 12.4 "
