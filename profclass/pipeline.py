@@ -280,7 +280,7 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced=None
     # it once a step leaves that wall the largest
     every_wall = fixes.select(list(classify.WALLS), facts, flags, out.numbers, step_ms=job.step_ms)
     replayed = replay_run.replay_job(inp, chosen, {f["id"]: f for f in fixes.load_table()}, walls.verdict.wall,
-                                     price_fixes, quiet=undo, plan_also=tuple(f for f in every_wall if f["id"] in undo),
+                                     price_fixes, quiet=undo,
                                      plan_walls={w: [f for f in every_wall if f["wall"] == w] for w in classify.WALLS})
     chosen = replay_run.priced(fixes.joined(chosen, every_wall, undo, replayed.plan), replayed.prices, job.step_ms)
     found = pitfalls.priced(found, {i: (p.best_ms, p.basis) for i, p in replayed.prices.items()}, job.step_ms)

@@ -16,6 +16,16 @@ MICROBATCH_STEP = ("step delta: its host saving replayed on top of the graph's s
                    "schedule simulated with fewer, larger micro-batches")
 
 
+def plan_pool(chosen: list[dict], plan_walls: dict, quiet: tuple[str, ...], seed_wall: str | None) -> list[dict]:
+    """The fixes the plan starts from: the chosen ones, then any wall's fix that undoes a pitfall
+    the profile shows (``quiet``), then ``seed_wall``'s (the largest removal, where the chosen
+    fixes' walls do not cover it), each once."""
+    every = [f for fs in plan_walls.values() for f in fs]
+    more = [f for f in every if f["id"] in quiet] + (plan_walls.get(seed_wall, []) if seed_wall else [])
+    have = {f["id"] for f in chosen}
+    return chosen + list({f["id"]: f for f in more if f["id"] not in have}.values())
+
+
 def fix_plan(r, chosen, table, prices, start, step, measured, walls: dict | None = None,
              covered: frozenset = frozenset(), tried: dict | None = None) -> list[dict]:
     """Apply the best fix, replay, take the next on top of it (up to PLAN_STEPS), from

@@ -15,7 +15,7 @@ from . import routing, span, transforms
 from ..analyzers.host import PROBE_NS_CORPUS
 from ..fixes import request_parts
 from .constants import HOST_SPEED
-from .plan import fix_plan
+from .plan import fix_plan, plan_pool
 from . import notes
 from .trace import GpuTrace
 
@@ -194,14 +194,13 @@ def _ends(g, times, own, n_gpus) -> np.ndarray:
 
 
 def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall: str,
-               also: tuple[str, ...] = (), quiet: tuple[str, ...] = (), plan_also: tuple = (),
+               also: tuple[str, ...] = (), quiet: tuple[str, ...] = (),
                plan_walls: dict | None = None) -> ReplayResult:
     """The ``replay`` section, each chosen fix's replayed gain and the fix plan; ``also``: fix
     ids priced too though not chosen (the gain-pair tables price the pair's fix), ``quiet``:
-    likewise but kept out of the section (the fixes that price pitfalls); ``plan_also``: fixes
-    (``fixes.select``'s rows) the plan may take beside the chosen ones, priced quietly (a fix of
-    another wall that undoes a pitfall the profile shows); ``plan_walls``: each wall's fixes that
-    apply, which the plan takes up when a step leaves that wall the largest (``plan.fix_plan``)."""
+    likewise but kept out of the section (the fixes that price pitfalls); ``plan_walls``: each
+    wall's fixes that apply (``fixes.select``'s rows), which the plan takes up when a step leaves
+    that wall the largest (``plan.fix_plan``), and whose ``quiet`` ones it may take from the start."""
     measured = float(np.mean(inp.step_ns)) / 1e6 if inp.step_ns else 0.0
     why_not = not_replayable(inp)
     if why_not:
@@ -232,8 +231,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     # the plan classifies again before its first step too: the wall whose removal shortens the
     # replayed step most joins the verdict's and runner-up's, its fixes priced from the start
     covered = frozenset(f["wall"] for f in chosen if f.get("wall"))
-    seeded = [] if largest in covered else (plan_walls or {}).get(largest, [])
-    pool = chosen + list({f["id"]: f for f in (*plan_also, *seeded) if f["id"] not in {c["id"] for c in chosen}}.values())
+    pool = plan_pool(chosen, plan_walls or {}, quiet, None if largest in covered else largest)
     asked = dict.fromkeys(i for i in (*also, *quiet) if i not in {f["id"] for f in pool})
     tried: dict = {}  # the graph fixes' best replays from the start: the plan's first step tries them again
     prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced, tried=tried)
