@@ -3,6 +3,7 @@ quantity is written the same way in every output."""
 from __future__ import annotations
 
 from .fixes import load_table, request_parts
+from .replay.notes import host_paced
 
 
 def pct(share: float) -> str:
@@ -150,6 +151,16 @@ def what_if_lines(d) -> list[str]:
     return out
 
 
+def _bound_words(d, r: dict) -> str:
+    """Why the step without the profiler is an upper bound, where ``untraced_step_bound`` says so."""
+    if r.get("untraced_step_bound") != "upper":
+        return "."
+    why = [w for w, yes in (("this host-paced job", host_paced(r["untraced_step_ms"], r["measured_step_ms"])),
+                            ("a window at the run's start", (getattr(d, "window", None) or {}).get("capture_start")
+                             == "process")) if yes]
+    return f" (an upper bound on {' and '.join(why) or 'this job'}: --untraced-step-ms or --train-log calibrates it)."
+
+
 def replay_lines(d) -> list[str]:
     """The replay section in words: its fidelity, the critical path, the step without each wall."""
     r = getattr(d, "replay", None) or {}
@@ -160,9 +171,7 @@ def replay_lines(d) -> list[str]:
            f"({r['error_pct']:+.2f}% of the measured {r['measured_step_ms']:.1f} ms); the slowest rank's "
            "critical path, ms/step: " + ", ".join(f"{w} {r['critical_path_ms'][w]:.1f}" for w in walls) + ".",
            "Step without each wall, ms: " + ", ".join(f"{w} {r['without_wall_ms'][w]:.1f}" for w in walls)
-           + f"; without the profiler's overhead {r['untraced_step_ms']:.1f}"
-           + (" (an upper bound on this host-paced job: --untraced-step-ms or --train-log calibrates it)."
-              if r.get("untraced_step_bound") == "upper" else ".")]
+           + f"; without the profiler's overhead {r['untraced_step_ms']:.1f}" + _bound_words(d, r)]
     if r.get("note"):
         out.append(r["note"][0].upper() + r["note"][1:] + ".")
     hc = r.get("host_calibration")

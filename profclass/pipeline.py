@@ -316,7 +316,8 @@ def _replay_inputs(job: Job, gpus, host_probe_ns: float | None, untraced=None) -
         profiler_ns_per_step=tuple(r.analysis.profiler.profiler_inflation_ns / r.iterations for r in job.records),
         microbatches=job.layout.size("microbatches") if job.layout else None,
         pipeline=job.pipeline, host_probe_ns=host_probe_ns, untraced_step_ms=given.step_ms,
-        untraced_step_source=given.source), list(given.missing)
+        untraced_step_source=given.source,
+        run_start_window=iterations.job_capture_start(job.records)["capture_start"] == "process"), list(given.missing)
 
 
 def _kernel_names(records) -> pd.Series | None:

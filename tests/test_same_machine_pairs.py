@@ -50,7 +50,7 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "GA": "fixtures/timers/s46/", "GB": "fixtures/timers/s46/",
         "GC": "fixtures/timers/s46/", "IA": "fixtures/timers/s49/", "IB": "fixtures/timers/s49/",
         "JA": "fixtures/timers/s50/", "KA": "fixtures/timers/s54/",
-        "LA": "fixtures/timers/s55/"}
+        "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
@@ -510,3 +510,18 @@ def test_call_la_judged_from_its_logs_as_the_notebook_reports():
     (mem,) = judge_pairs.judge_call(prices, read, 50, 79, ["LA4=la:mem:memnocache"])
     assert (mem["measured"], mem["in_range"], mem["within"]) == (True, True, True)
     assert round(mem["realized"], 2) == 9.22
+
+
+LB_RUNS = ["compute", "recompute", "host", "offload", "memory", "ap_dense_s1k_rc", "ap_moe8", "ia_moe1_learned"]
+
+
+def test_call_lb_early_window_against_the_later_run_as_the_notebook_reports():
+    """Call LB: what a whole-run capture of the first 8 iterations keeps, against the same untraced
+    run's iterations 50..79, from the packed timers; the warm-up rule is profclass's own."""
+    from profclass.analyzers.iterations import WARMUP_FACTOR
+    early_window = _module("early_window", ROOT / "workloads" / "early_window.py")
+    assert early_window.WARMUP_FACTOR == WARMUP_FACTOR
+    ratios = {r: early_window.early_and_later(_read(f"lb_{r}.log", "LB"))["ratio"] for r in LB_RUNS}
+    assert ratios == {"compute": 1.503, "recompute": 1.319, "host": 0.947, "offload": 1.246, "memory": 1.535,
+                      "ap_dense_s1k_rc": 1.238, "ap_moe8": 1.75, "ia_moe1_learned": 1.288}
+    assert sum(v > 1.10 for v in ratios.values()) == 7  # "several more than 10% off": the line stands

@@ -427,12 +427,13 @@ def missing(job: Job, numbers: dict) -> list[str]:
         ahead = "begins at the first iteration found" if k == 0 else (
             f"follows the {'first iteration' if k == 1 else f'{k} iterations'} found before it")
         out.append(f"the run's later steps (the capture began with the process, its first CUDA call the "
-                   f"runtime's start, and the steady window {ahead}: "
-                   f"a run that goes on may settle at another pace, and prices of host-side and allocator "
-                   f"work carry its start-up. On moe_train.py's memory stage the first 8 iterations ran "
-                   f"124 ms a step against 73-78 from the 50th, and allocator churn priced from them at 12.4 "
-                   f"ms/step realized 5.5, priced from iterations 55-60 at 7.5 realized 9.2: docs/notes.md, "
-                   f"calls KB and LA. Capture later steps: nsys --capture-range=cudaProfilerApi around "
+                   f"runtime's start, and the steady window {ahead}: a run that goes on may settle at "
+                   f"another pace, and every per-step number and price here carries its start-up. On 8 "
+                   f"one-GPU runs (moe_train.py's scenarios, three Megatron configs) the iterations a "
+                   f"capture of the first 8 keeps ran 0.95-1.75x (median 1.30x) their pace at iterations "
+                   f"50-79, and allocator churn priced from memory_1gpu's first iterations at 12.4 ms/step "
+                   f"realized 5.5 (from iterations 55-60: 7.5, realized 9.2): docs/notes.md, calls KB, LA "
+                   f"and LB. Capture later steps: nsys --capture-range=cudaProfilerApi around "
                    f"torch.cuda.profiler.start()/stop(), Megatron-LM's --profile --profile-step-start N)")
     if n < MIN_STEADY:
         out.append(f"steady iterations: only {n} (per-step numbers rest on few steps; capture more)")

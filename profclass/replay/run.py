@@ -37,6 +37,7 @@ class ReplayInputs:
     host_probe_ns: float | None = None  # the host's speed (analyzers/host.py: the probe's median), None unread
     untraced_step_ms: float | None = None  # the job's own step without the profiler, as the user gave it
     untraced_step_source: str = ""  # where it came from (--untraced-step-ms, a train log: train_log.GivenStep)
+    run_start_window: bool = False  # the window is among the run's first steps (window.capture_start "process")
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
         step_ms=round(step, 3), measured_step_ms=round(measured, 3),
         error_pct=round(100.0 * (step - measured) / measured, 2) if measured else None,
         critical_path_ms=r.critical_path_ms(r.base, r.captured), without_wall_ms=without,
-        untraced_step_ms=untraced_ms, untraced_step_bound=notes.untraced_bound(r.calibration, untraced_ms, measured),
+        untraced_step_ms=untraced_ms, untraced_step_bound=notes.untraced_bound(r.calibration, untraced_ms, measured, inp.run_start_window),
         largest_removal=largest, graph=_graph_facts(r, [t.iterations for t in r.traces]))
     if largest != verdict_wall and without[largest] < without.get(verdict_wall, measured) - 0.01 * measured:
         section["note"] = notes.disagreement(verdict_wall, largest, without, measured)
@@ -248,7 +249,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
                              "fixes, or on a pipelined job graph fixes and schedule changes)" for i in also if i not in prices]
     if r.calibration is not None and not r.calibration.reached:
         missing.append(f"replay: host calibration: {r.calibration.note}")
-    if section["untraced_step_bound"] == "upper":
+    if r.calibration is None and notes.host_paced(untraced_ms, measured):
         missing.append(notes.untraced_caveat(section["untraced_step_ms"], measured))
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
 
