@@ -487,15 +487,16 @@ def test_call_kc_judged_from_its_logs_as_the_notebook_reports():
     assert not j["measured"] and round(max(j["apart"]), 3) == 0.185
 
 
-def _call_la() -> dict:
-    """Call LA (fifty-fifth session; logs under timers/s55/): priced on the device by the commit
-    that registered the pairs, and written before the first twin started."""
-    written = json.loads(_read("la_call.json", "LA"))
-    assert written["commit"] == "4a26c229" and "`same_machine_pairs.sh call_la`" in _registration("LA")
-    stamps = _read("la_call.out", "LA")
-    first_twin = re.search(r"^== la_rc_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
+def _fifty_fifth(call: str, commit: str, labels: list[str]) -> dict:
+    """Calls LA and LC (fifty-fifth session; logs under timers/s55/): priced on the device by the
+    commit that registered the pairs, and written before the first twin started."""
+    prefix = call.lower()
+    written = json.loads(_read(f"{prefix}_call.json", "LA"))
+    assert written["commit"] == commit and f"`same_machine_pairs.sh call_{prefix}`" in _registration(call)
+    stamps = _read(f"{prefix}_call.out", "LA")
+    first_twin = re.search(rf"^== {prefix}_rc_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
     assert written["written_utc"].replace("+00:00", "Z") <= first_twin
-    assert [p["label"] for p in written["pairs"]] == ["LA1", "LA2", "LA3", "LA4"]
+    assert [p["label"] for p in written["pairs"]] == labels
     return {p["label"]: p for p in written["pairs"]}
 
 
@@ -503,7 +504,7 @@ def test_call_la_judged_from_its_logs_as_the_notebook_reports():
     """Call LA: the recompute scenario's three pairs unmeasured (its base's two runs 7.2% apart,
     every candidate's within 1%), the memory scenario's allocator churn, priced from a window
     past the warm-up, measured, in range and within target (9.22 realized against 7.50)."""
-    prices = _call_la()
+    prices = _fifty_fifth("LA", "4a26c229", ["LA1", "LA2", "LA3", "LA4"])
     read = lambda name: _read(name, "LA")  # noqa: E731
     rc = judge_pairs.judge_call(prices, read, 10, 29, ["LA1=la:rc:norc", "LA2=la:rc:mbs8/2", "LA3=la:rc:norc_mbs8/2"])
     assert [j["measured"] for j in rc] == [False] * 3 and round(max(rc[0]["apart"]), 3) == 0.072
@@ -525,3 +526,13 @@ def test_call_lb_early_window_against_the_later_run_as_the_notebook_reports():
     assert ratios == {"compute": 1.503, "recompute": 1.319, "host": 0.947, "offload": 1.246, "memory": 1.535,
                       "ap_dense_s1k_rc": 1.238, "ap_moe8": 1.75, "ia_moe1_learned": 1.288}
     assert sum(v > 1.10 for v in ratios.values()) == 7  # "several more than 10% off": the line stands
+
+
+def test_call_lc_judged_from_its_logs_as_the_notebook_reports():
+    """Call LC: call LA's recompute-scenario pairs on a base captured over iterations 55..60 and
+    runs judged on 50..79: all three measured, in range and within target."""
+    prices = _fifty_fifth("LC", "18ab9336", ["LC1", "LC2", "LC3"])
+    judged = judge_pairs.judge_call(prices, lambda name: _read(name, "LA"), 50, 79,
+                                    ["LC1=lc:rc:norc", "LC2=lc:rc:mbs8/2", "LC3=lc:rc:norc_mbs8/2"])
+    assert [(j["measured"], j["in_range"], j["within"]) for j in judged] == [(True, True, True)] * 3
+    assert [round(j["realized"], 2) for j in judged] == [18.72, 22.84, 39.41]
