@@ -494,7 +494,7 @@ def _fifty_fifth(call: str, commit: str, labels: list[str]) -> dict:
     written = json.loads(_read(f"{prefix}_call.json", "LA"))
     assert written["commit"] == commit and f"`same_machine_pairs.sh call_{prefix}`" in _registration(call)
     stamps = _read(f"{prefix}_call.out", "LA")
-    first_twin = re.search(rf"^== {prefix}_rc_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
+    first_twin = re.search(rf"^== {prefix}_\w+_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
     assert written["written_utc"].replace("+00:00", "Z") <= first_twin
     assert [p["label"] for p in written["pairs"]] == labels
     return {p["label"]: p for p in written["pairs"]}
@@ -536,3 +536,11 @@ def test_call_lc_judged_from_its_logs_as_the_notebook_reports():
                                     ["LC1=lc:rc:norc", "LC2=lc:rc:mbs8/2", "LC3=lc:rc:norc_mbs8/2"])
     assert [(j["measured"], j["in_range"], j["within"]) for j in judged] == [(True, True, True)] * 3
     assert [round(j["realized"], 2) for j in judged] == [18.72, 22.84, 39.41]
+
+
+def test_call_ld_judged_from_its_logs_as_the_notebook_reports():
+    """Call LD: the offload pair on a late-captured memory-stage base; unmeasured a third time
+    (the no-offload runs 13.4% apart)."""
+    prices = _fifty_fifth("LD", "1cb94b66", ["LD1"])
+    (j,) = judge_pairs.judge_call(prices, lambda name: _read(name, "LA"), 50, 79, ["LD1=ld:mem:memnooffload"])
+    assert not j["measured"] and round(max(j["apart"]), 3) == 0.134
