@@ -26,12 +26,11 @@ def window_calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
     if rt.empty:
         return pd.DataFrame({c: np.zeros(0, np.int64) for c in ("start", "end", "tid", "correlation")}
                             | {"name": np.zeros(0, object), "closing": np.zeros(0, bool)})
-    if (profiler := capture_start_calls(rt)).any():
-        rt = rt[~profiler]
+    own = ~capture_start_calls(rt)  # the runtime's and the profiler's start: not the job's calls
     s = rt["start"].to_numpy(np.int64)
     # a call the window opens inside (a sync waiting for the window's first collective) is
     # the window's from its start: where it returns depends on the window's ops
-    inside = (s < hi) & ((s >= lo) | (rt["end"].to_numpy(np.int64) > lo))
+    inside = (s < hi) & ((s >= lo) | (rt["end"].to_numpy(np.int64) > lo)) & own
     w = rt[inside]
     w = w.assign(start=np.maximum(w["start"].to_numpy(np.int64), lo))
     launched = set(np.unique(w.loc[w["correlation"].isin(gpu.ops["correlation"]), "tid"].to_numpy()))
@@ -40,7 +39,7 @@ def window_calls(gpu: GpuTimeline, lo: int, hi: int) -> pd.DataFrame:
     # before that call, part of the step the replay must hold
     later = np.searchsorted(s, hi) if bool(np.all(s[:-1] <= s[1:])) else None
     tail_tid = rt["tid"].to_numpy()[later:] if later is not None else rt["tid"].to_numpy()
-    tail_ok = np.isin(tail_tid, list(launched)) & (True if later is not None else s >= hi)
+    tail_ok = np.isin(tail_tid, list(launched)) & (own[later:] if later is not None else own & (s >= hi))
     _, first = np.unique(np.where(tail_ok, tail_tid, -1), return_index=True)
     first = first[tail_ok[first]]
     after = rt.iloc[(later or 0) + first] if later is not None else rt.iloc[first]
