@@ -46,9 +46,9 @@ MIN_STEADY = 3  # fewer steady steps than this: the window is weak (no spread, w
 WHOLE_PERIOD_KERNELS = 0.99
 # The process's first CUDA call in the export tells where the capture began: the CUDA runtime's
 # start (lazy loading's mode query, made before any GPU work) when nsys traced the process from
-# its launch, the profiler API's start with a capture range (cudaProfilerApi). Read on the
-# corpus: the first call of all 9 whole-run captures and of all 34 with a range (docs/notes.md,
-# fifty-fourth session). The loader keeps these calls (ranks.API_CALLS_USED).
+# its launch, the profiler API's start with a capture range (cudaProfilerApi). On the corpus the
+# reading matches the command of all 87 captures (tests/test_job_window.py; first read in the
+# fifty-fourth session, docs/notes.md). The loader keeps these calls (ranks.API_CALLS_USED).
 CAPTURE_START_CALLS = re.compile(r"^(cuModuleGetLoadingMode|cuProfilerStart|cudaProfilerStart)$")
 
 
