@@ -19,6 +19,7 @@ import pandas as pd
 
 from . import analyzers, classify, config, fixes, pitfalls, train_log as train_logs
 from .analyzers import GpuRecord, Job, iterations, layout_stage, matching, memory, pipeline_bubbles, stragglers
+from .analyzers.capture_start import job_capture_start
 from .clocks import align_clocks
 from .contract import stamp
 from .errors import ProfileError
@@ -317,7 +318,7 @@ def _replay_inputs(job: Job, gpus, host_probe_ns: float | None, untraced=None) -
         microbatches=job.layout.size("microbatches") if job.layout else None,
         pipeline=job.pipeline, host_probe_ns=host_probe_ns, untraced_step_ms=given.step_ms,
         untraced_step_source=given.source,
-        run_start_window=iterations.job_capture_start(job.records)["capture_start"] == "process"), list(given.missing)
+        run_start_window=job_capture_start(job.records)["capture_start"] == "process"), list(given.missing)
 
 
 def _kernel_names(records) -> pd.Series | None:

@@ -29,6 +29,7 @@ from .analyzers.host import KERNEL_LOAD_CALLS, KERNEL_SETUP_CALLS
 from .analyzers.compute import sm_count_of
 from .analyzers.memory import MIN_RECOMPUTE_RATIO
 from .analyzers import iterations as it
+from .analyzers.capture_start import CAPTURE_START_CALLS, capture_start
 from .clocks import shift_timeline
 from .errors import ProfileError
 from .analyzers.nccl_ranges import nccl_alltoall_peers
@@ -43,7 +44,7 @@ from .timeline import LAUNCH_CALLS, GpuTimeline, build_ops, in_forward, iter_gpu
 # the replay): the loader keeps only these (filtered in SQLite)
 API_CALLS_USED = re.compile("|".join(f"(?:{p.pattern})" for p in (LAUNCH_CALLS, ALLOC_CALLS, SYNC_CALLS,
                                                                 KERNEL_LOAD_CALLS, KERNEL_SETUP_CALLS,
-                                                                it.CAPTURE_START_CALLS)))
+                                                                CAPTURE_START_CALLS)))
 # the columns of all ops that the job-level configuration reads (distinct rows suffice)
 CONFIG_COLUMNS = ["is_comm", "library", "collective", "is_fp8"]
 # the columns of the CUDA event rows that replay.trace._event_edges reads (not their times
@@ -96,7 +97,6 @@ class GpuSummary:
     # (starts, ends) of the GEMM-free stretches before its step boundaries (iterations.boundary_gaps)
     boundary_gaps: tuple = field(default_factory=lambda: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
     step: dict = field(default_factory=dict)  # iterations.step_info, found on this GPU alone
-    capture_start: str = "unknown"  # iterations.capture_start: where the export began this process
     shift_ns: int = 0  # total clock shift applied (own clock = shared clock - shift_ns)
     # the steady window as the replay's dependency graph parts (profclass.replay.trace)
     replay_trace: GpuTrace | None = None
@@ -182,7 +182,9 @@ def summarise_profile(prof, source: int, iteration_regex: str | None,
 
 
 def _found(g: GpuTimeline) -> tuple:
-    return (g.iterations, g.window_source, g.marker, list(getattr(g, "periods", [])), it.step_info(g))
+    # the summary's ``step``: with where the export began the process, read while its API calls are held
+    return (g.iterations, g.window_source, g.marker, list(getattr(g, "periods", [])),
+            dict(it.step_info(g), capture_start=capture_start(g)))
 
 
 def _restore(g: GpuTimeline, found: tuple) -> None:
@@ -219,7 +221,6 @@ def _summarise_gpu(g: GpuTimeline, prof, source: int, step: dict, keep_timelines
         ops=comm.reset_index(drop=True),
         compute=iv.union(comp["start"].to_numpy(), comp["end"].to_numpy()),
         kernel_agg=gpu_kernel_agg(g.ops, g.window), kernels_total=int(is_kernel.sum()), step=step,
-        capture_start=it.capture_start(g),
         alltoall_peers=nccl_alltoall_peers(g.nvtx),
         host_waits=idle.host_waits(g), boundary_gaps=it.boundary_gaps(g),
         replay_trace=replay_trace(g, prof.sync_events,

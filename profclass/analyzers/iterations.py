@@ -26,6 +26,7 @@ import pandas as pd
 
 from ..timeline import GpuTimeline
 from .job import GpuRecord, Job, evidence_row
+from .capture_start import job_capture_start
 from .protocol import Analyzer
 from .results import WindowResult
 from .sets import WindowSets
@@ -44,12 +45,6 @@ MIN_STEADY = 3  # fewer steady steps than this: the window is weak (no spread, w
 # one lost the rest to the capture's start or end, however long it looks (PyTorch skips a kernel
 # on an empty tensor: the 1% is room for an expert with no tokens)
 WHOLE_PERIOD_KERNELS = 0.99
-# The process's first CUDA call in the export tells where the capture began: the CUDA runtime's
-# start (lazy loading's mode query, made before any GPU work) when nsys traced the process from
-# its launch, the profiler API's start with a capture range (cudaProfilerApi). On the corpus the
-# reading matches the command of all 87 captures (tests/test_job_window.py; first read in the
-# fifty-fourth session, docs/notes.md). The loader keeps these calls (ranks.API_CALLS_USED).
-CAPTURE_START_CALLS = re.compile(r"^(cuModuleGetLoadingMode|cuProfilerStart|cudaProfilerStart)$")
 
 
 def analyse(gpu: GpuTimeline, prof, sets: WindowSets) -> WindowResult:
@@ -274,37 +269,6 @@ def boundary_gaps(gpu: GpuTimeline) -> tuple[np.ndarray, np.ndarray]:
     return last[keep], bounds[has][keep]
 
 
-def capture_start(gpu: GpuTimeline) -> str:
-    """``process``: the export holds this process from its start (its first CUDA call the
-    runtime's); ``range``: a capture range began it; ``unknown``: neither call is held (another
-    CUDA, or a capture started by a delay or by hand)."""
-    rt = gpu.runtime
-    rows = np.flatnonzero(capture_start_calls(rt))
-    if not rows.size:
-        return "unknown"
-    first = rows[np.argmin(rt["start"].to_numpy()[rows])]
-    return "process" if str(rt["name"].iloc[first]) == "cuModuleGetLoadingMode" else "range"
-
-
-def capture_start_calls(rt: pd.DataFrame) -> np.ndarray:
-    """Per API call: one of ``CAPTURE_START_CALLS`` (kept for ``capture_start`` alone: the
-    runtime's and the profiler's start are not the job's work, and the replay leaves them out)."""
-    if rt.empty or not hasattr(rt["name"], "cat"):
-        return np.zeros(len(rt), bool)
-    cats = rt["name"].cat.categories
-    wanted = np.flatnonzero([CAPTURE_START_CALLS.match(str(c)) is not None for c in cats])
-    return np.isin(rt["name"].cat.codes.to_numpy(), wanted) if wanted.size else np.zeros(len(rt), bool)
-
-
-def captured_before(gpu) -> int:
-    """Iterations found before the steady window's first (warm-up the window dropped, and any
-    whole period the capture held before it)."""
-    its = gpu.iterations
-    if its is None or its.empty or "steady" not in its or not its["steady"].any():
-        return 0
-    return int(np.argmax(its["steady"].to_numpy(bool)))
-
-
 def step_info(gpu) -> dict:
     """What the job's consensus needs of one GPU (compact: it travels from the workers)."""
     st = gpu.steady
@@ -389,15 +353,6 @@ def window_section(job: Job, numbers: dict) -> dict:
                              min=round(float(job_steps.min()), 3), max=round(float(job_steps.max()), 3),
                              per_iteration=[round(float(x), 3) for x in job_steps]),
                 **job_capture_start(job.records))
-
-
-def job_capture_start(records) -> dict:
-    """The window's place in the run: ``capture_start`` (``process``, ``range`` or ``unknown``,
-    the one every GPU's process gives, else ``unknown``) and ``iterations_before`` (the fewest
-    iterations any GPU found before its steady window)."""
-    starts = {getattr(r.gpu, "capture_start", None) or capture_start(r.gpu) for r in records}
-    return dict(capture_start=starts.pop() if len(starts) == 1 else "unknown",
-                iterations_before=min(captured_before(r.gpu) for r in records))
 
 
 def window_source(records: list[GpuRecord]) -> str:

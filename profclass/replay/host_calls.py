@@ -12,7 +12,7 @@ from .. import intervals as iv
 from ..analyzers.host import GC_RANGES, kernel_load_ns
 from ..analyzers.idle import ALLOC_CALLS, FREE_CALLS, SYNC_CALLS, UNMAP_CALLS
 from ..analyzers.sets import contains_per_distinct, name_matches
-from ..analyzers.iterations import capture_start_calls
+from ..analyzers.capture_start import capture_start_calls
 from ..timeline import GpuTimeline
 from .constants import QUEUE_FULL_SHARE, QUEUE_MIN_DEPTH, THREAD_WAIT_NS
 
