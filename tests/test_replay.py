@@ -340,3 +340,17 @@ def test_every_replayed_fix_says_which_wall_comes_next(diagnosis):
     assert replayed and all(f["wall_after"] in ("compute", "communication", "host", "memory") for f in replayed)
     first = next(f for f in d["fixes"] if f["id"] == d["plan"][0]["id"])
     assert first["wall_after"] == d["plan"][0]["wall_after"]
+
+
+def test_the_plans_pool_takes_chosen_then_pitfall_fixes_then_the_largest_removals_once():
+    """``plan.plan_pool``: the chosen fixes first, a fix of any wall that undoes a pitfall, the
+    largest removal's wall's fixes where the chosen ones do not cover it; no fix twice."""
+    from profclass.replay.plan import plan_pool
+    fix = lambda i, w: {"id": i, "wall": w}  # noqa: E731
+    walls = {"compute": [fix("fp8", "compute")], "memory": [fix("recompute_off", "memory")],
+             "host": [fix("graphs", "host"), fix("mbs", "host")]}
+    chosen = [fix("fp8", "compute")]
+    pool = plan_pool(chosen, walls, ("recompute_off",), "host")
+    assert [f["id"] for f in pool] == ["fp8", "recompute_off", "graphs", "mbs"]
+    assert [f["id"] for f in plan_pool(chosen, walls, (), None)] == ["fp8"]
+    assert [f["id"] for f in plan_pool(chosen, walls, ("fp8",), "compute")] == ["fp8"]
