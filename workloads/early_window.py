@@ -5,9 +5,9 @@ later ones (docs/notes.md, fifty-fifth session).
     python3 workloads/early_window.py LOG...
 
 Each log holds one untraced run's per-iteration timer as ``STEP_MS it=N ms=X`` lines (80 of
-them). E: the mean of the iterations among the first 8 that profclass's warm-up rule keeps
-from a capture of those 8 (leading ones over WARMUP_FACTOR x the median of the last 4
-dropped); L: the mean of the last 30 (iterations 50..79); the ratio E/L.
+them). E: the mean of the iterations among the first 8 that profclass's own steady-window rule
+keeps from a capture of those 8 (``iterations.mark_steady``: leading warm-up, a cut-short or a
+teardown last step dropped); L: the mean of the last 30 (iterations 50..79); the ratio E/L.
 """
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+
+from profclass.analyzers.iterations import mark_steady
 
 STEP = re.compile(r"^STEP_MS it=(\d+) ms=([0-9.]+)", re.M)
-WARMUP_FACTOR = 1.25  # profclass.analyzers.iterations.WARMUP_FACTOR (a test holds them equal)
 CAPTURED, LATER = 8, 30
 
 
@@ -27,11 +29,12 @@ def early_and_later(text: str) -> dict | None:
     ms = np.array([float(v) for _, v in sorted(((int(i), v) for i, v in STEP.findall(text)))])
     if len(ms) < 50 + LATER:
         return None
-    first = ms[:CAPTURED]
-    settled = np.median(first[CAPTURED // 2:])
-    lead = int(np.argmax(first <= WARMUP_FACTOR * settled))  # the first iteration not warm-up
-    early, later = float(first[lead:].mean()), float(ms[-LATER:].mean())
-    return dict(early=round(early, 2), later=round(later, 2), ratio=round(early / later, 3), kept=CAPTURED - lead)
+    # the first 8 as a capture's back-to-back steps (ns), through the rule a diagnosis applies
+    span = np.round(ms[:CAPTURED] * 1e6).astype(np.int64)
+    start = np.r_[0, np.cumsum(span)[:-1]]
+    steady = mark_steady(pd.DataFrame({"start": start, "end": start + span}))["steady"].to_numpy(bool)
+    early, later = float(ms[:CAPTURED][steady].mean()), float(ms[-LATER:].mean())
+    return dict(early=round(early, 2), later=round(later, 2), ratio=round(early / later, 3), kept=int(steady.sum()))
 
 
 def main(paths: list[str]) -> int:

@@ -385,7 +385,7 @@ def missing(job: Job, numbers: dict) -> list[str]:
                    f"runtime's start, and the steady window {ahead}: a run that goes on may settle at "
                    f"another pace, and every per-step number and price here carries its start-up. On 8 "
                    f"one-GPU runs (moe_train.py's scenarios, three Megatron configs) the iterations a "
-                   f"capture of the first 8 keeps ran 0.95-1.75x (median 1.30x) their pace at iterations "
+                   f"capture of the first 8 keeps ran 0.95-1.54x (median 1.30x) their pace at iterations "
                    f"50-79, and allocator churn priced from memory_1gpu's first iterations at 12.4 ms/step "
                    f"realized 5.5 (from iterations 55-60: 7.5, realized 9.2): docs/notes.md, calls KB, LA "
                    f"and LB. Capture later steps: nsys --capture-range=cudaProfilerApi around "

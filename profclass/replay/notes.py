@@ -25,7 +25,7 @@ def untraced_bound(calibration, untraced_ms: float, measured_ms: float, run_star
     uncalibrated step is host-paced (``host_paced``: on the captures' own machines such steps ran
     faster untraced than the replay says, docs/replay.md, "On the capture's own machine") or is
     the window of a capture from the process's start (``run_start``: on 7 of call LB's 8 runs the
-    later step was 1.24-1.75x shorter, docs/notes.md); "estimate" otherwise."""
+    later step was 1.24-1.54x shorter, docs/notes.md); "estimate" otherwise."""
     if calibration is not None:
         return "calibrated" if calibration.reached else "estimate"
     return "upper" if run_start or host_paced(untraced_ms, measured_ms) else "estimate"
