@@ -19,7 +19,6 @@ import pandas as pd
 
 from . import analyzers, classify, config, fixes, pitfalls, train_log as train_logs
 from .analyzers import GpuRecord, Job, iterations, layout_stage, matching, memory, pipeline_bubbles, stragglers
-from .analyzers.capture_start import job_capture_start
 from .clocks import align_clocks
 from .contract import stamp
 from .errors import ProfileError
@@ -276,7 +275,7 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced=None
     chosen = fixes.select([walls.verdict.wall, walls.verdict.runner_up], facts, flags, out.numbers, step_ms=job.step_ms)
     found = pitfalls.check({**facts, **run_facts}, out.numbers, job.step_ms)
     undo = pitfalls.undoing_fixes(found)
-    inp, untraced_missing = _replay_inputs(job, gpus, out.numbers["probe_call_ns"], untraced)
+    inp, untraced_missing = _replay_inputs(job, gpus, out.numbers["probe_call_ns"], untraced, out.sections["window"])
     # every wall's fixes that apply: a pitfall's fix may enter the plan, and a wall's fixes join
     # it once a step leaves that wall the largest
     every_wall = fixes.select(list(classify.WALLS), facts, flags, out.numbers, step_ms=job.step_ms)
@@ -303,11 +302,13 @@ def analyse(profiles, gpus, all_ops, hints, paths, price_fixes=(), untraced=None
         **out.sections)
 
 
-def _replay_inputs(job: Job, gpus, host_probe_ns: float | None, untraced=None) -> tuple[replay_run.ReplayInputs, list]:
+def _replay_inputs(job: Job, gpus, host_probe_ns: float | None, untraced=None,
+                   window: dict | None = None) -> tuple[replay_run.ReplayInputs, list]:
     """The replay stage's inputs: the job's per-GPU traces (on the job's clock), its
     collectives' groups, its measured steps, the host's speed (the host analyzer's probe), the
     job's own step without the profiler where the user gave it, a number or a training log read
-    with the launch line's profiled range (profclass.replay, profclass.train_log); and the
+    with the launch line's profiled range (profclass.replay, profclass.train_log), whether the
+    window is the run's first steps (the ``window`` section's capture_start); and the
     ``missing`` lines of a log that gave no step."""
     given = train_logs.given_step(untraced, job.flags)
     return replay_run.ReplayInputs(
@@ -318,7 +319,7 @@ def _replay_inputs(job: Job, gpus, host_probe_ns: float | None, untraced=None) -
         microbatches=job.layout.size("microbatches") if job.layout else None,
         pipeline=job.pipeline, host_probe_ns=host_probe_ns, untraced_step_ms=given.step_ms,
         untraced_step_source=given.source,
-        run_start_window=job_capture_start(job.records)["capture_start"] == "process"), list(given.missing)
+        run_start_window=(window or {}).get("capture_start") == "process"), list(given.missing)
 
 
 def _kernel_names(records) -> pd.Series | None:

@@ -53,6 +53,6 @@ def job_capture_start(records) -> dict:
     """The window's place in the run: ``capture_start`` (``process``, ``range`` or ``unknown``,
     the one every GPU's process gives, else ``unknown``) and ``iterations_before`` (the fewest
     iterations any GPU found before its steady window)."""
-    starts = {(getattr(r.gpu, "step", None) or {}).get("capture_start") or capture_start(r.gpu) for r in records}
+    starts = {r.gpu.step.get("capture_start", "unknown") for r in records}  # ranks._found read it
     return dict(capture_start=starts.pop() if len(starts) == 1 else "unknown",
                 iterations_before=min(captured_before(r.gpu) for r in records))
