@@ -363,7 +363,7 @@ def diff_cmd(sides, base_opt, cand_opt, fmt, fail_above, min_effect, alpha, iter
             _fail(ProfileError(output, f"cannot write output ({exc.strerror})"))
     else:
         click.echo(text, nl=False)
-    if fail_above is not None and r.regression and r.step["delta_pct"] > fail_above:
+    if fail_above is not None and r.regression and r.judged_step["delta_pct"] > fail_above:
         sys.exit(EXIT_FAIL_ABOVE)
 
 

@@ -170,7 +170,7 @@ def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_a
             if strict:
                 return HookResult(EXIT_BAD_INPUT, line, diagnosis=d, messages=messages)
     code = EXIT_OK
-    if fail_above is not None and r is not None and r.regression and r.step["delta_pct"] > fail_above:
+    if fail_above is not None and r is not None and r.regression and r.judged_step["delta_pct"] > fail_above:
         code = EXIT_FAIL_ABOVE
         line += f"; FAIL: slower by more than {fail_above:g}%"
     elif d.verdict["wall"] in set(fail_on or ()):

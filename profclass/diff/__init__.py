@@ -13,10 +13,11 @@ an already computed ``Diagnosis``, or a stored diagnosis JSON) and reports:
   that appeared or vanished;
 - changes in the communication pattern (collective mix, dispatcher, libraries, overlap) and in
   the configuration visible in the profiles (CUDA graphs, FP8, recompute, command-line flags);
-- a one-sentence verdict naming the wall that explains most of the change.
+- a one-sentence verdict naming the wall that explains most of the change; a pair that changed
+  the work a step (the batch) is judged per the base's work (``work``).
 
-The package: ``saved`` (each side as a Diagnosis), ``stats`` (the step test), ``compare`` (the
-analysis and ``DiffResult``), ``render`` (one line, text, Markdown).
+The package: ``saved`` (each side as a Diagnosis), ``stats`` (the step test), ``work`` (the work
+a step does), ``compare`` (the analysis and ``DiffResult``), ``render`` (one line, text, Markdown).
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from ..pipeline import Diagnosis, _jsonable
 from ..replay.run import replayer_of
 from .causes import attribute
 from ..fixes import load_table
-from .fix_gains import caveats, fix_gains, without_pauses
+from . import work
+from .fix_gains import _settings, caveats, fix_gains, without_pauses
 from .saved import as_diagnosis
 from .split import split_step
 from .stats import ALPHA, MIN_EFFECT, step_test
@@ -48,6 +49,12 @@ class DiffResult:
     pitfalls: list[dict] = field(default_factory=list)  # rules with scope "diff" (data/rules.toml)
     causes: dict | None = None  # wait vs transfer, waiting charged to the waited-for rank's wall (causes.py)
     fix_gains: list[dict] = field(default_factory=list)  # known fixes applied: predicted vs realized
+
+    @property
+    def judged_step(self) -> dict:
+        """What the decision judged: ``step.work`` (per the base's work) where the pair changed
+        the work a step, else ``step``; both carry ``delta_ms``, ``delta_pct`` and ``test``."""
+        return self.step.get("work") or self.step
 
     def to_dict(self) -> dict:
         return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
@@ -246,18 +253,25 @@ def _config_changes(b: Diagnosis, c: Diagnosis) -> list[dict]:
 
 def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, components: list[dict],
              kernels: list[dict]) -> dict:
-    delta = step["delta_ms"]
-    t = step["test"]
+    judged = step.get("work") or step  # per the base's work where the pair changed it
+    delta = judged["delta_ms"]
+    t = judged["test"]
     test_txt = f"Welch {p_value(t['p_value'])}" if t["p_value"] is not None else t["method"]
     head = (f"step {step['base_ms']:.1f} -> {step['candidate_ms']:.1f} ms "
             f"({100 * (step['ratio'] - 1):+.1f}%, x{step['ratio']:.3f}; {test_txt})")
+    unit = "ms/step"
+    if judged is not step:
+        unit = "ms per the base's work"
+        head = (f"step {step['base_ms']:.1f} -> {step['candidate_ms']:.1f} ms for x{judged['ratio']:g} the work a "
+                f"step, {judged['candidate_ms_per_base_work']:.1f} ms per the base's work "
+                f"({judged['delta_pct']:+.1f}%; {test_txt})")
     sign = 1.0 if delta >= 0 else -1.0
     moves = {w: walls_delta[w] for w in WALLS}
     same_dir = {w: v for w, v in moves.items() if v * sign > 0}
     wall = max(same_dir, key=lambda w: abs(same_dir[w])) if same_dir and delta != 0 else None
     if not significant:
         largest = max(moves, key=lambda w: abs(moves[w]))
-        tail = (f"; the largest wall move is {largest} {signed_ms(moves[largest])} ms/step"
+        tail = (f"; the largest wall move is {largest} {signed_ms(moves[largest])} {unit}"
                 if abs(moves[largest]) >= 0.05 else "")
         return dict(kind="no significant change", wall=None,
                     summary=f"No significant change: {head}{tail}.")
@@ -268,16 +282,16 @@ def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, comp
     chief_txt = ""
     if chief:
         top = max(chief, key=lambda c: abs(c["delta"]))
-        chief_txt = f", chiefly {top['metric']} ({signed_ms(top['delta'])} ms/step)"
+        chief_txt = f", chiefly {top['metric']} ({signed_ms(top['delta'])} {unit})"
     kern_txt = ""
     if wall in ("compute", "communication"):
         mine = [k for k in kernels if (k["is_comm"] == (wall == "communication")) and k["op"] == "kernel"
                 and k["delta_ms_per_step"] * sign > 0]
         if mine:
             k = mine[0]  # kernels are sorted by |delta|
-            kern_txt = f"; top kernel {shorten(k['name'], 60)} {signed_ms(k['delta_ms_per_step'])} ms/step"
+            kern_txt = f"; top kernel {shorten(k['name'], 60)} {signed_ms(k['delta_ms_per_step'])} {unit}"
     summary = (f"{word}: {head}; the {wall} wall explains most of it "
-               f"({signed_ms(walls_delta[wall])} of {signed_ms(delta)} ms/step){chief_txt}{kern_txt}.")
+               f"({signed_ms(walls_delta[wall])} of {signed_ms(delta)} {unit}){chief_txt}{kern_txt}.")
     return dict(kind=change, wall=wall, summary=summary)
 
 
@@ -293,10 +307,40 @@ def _lead_with_fix(verdict: dict, applied: list[dict], significant: bool, change
     pred = ("" if first["predicted_gain_ms"] is None else
             f", predicted {first['predicted_gain_ms']:.1f} [{first['gain_low_ms']:.1f}, {first['gain_high_ms']:.1f}]")
     word = "Regression" if change == "regression" else "Improvement"
-    lead = (f"{word} from a recognised change: {first['title']} ({first['detected_by']}) saved "
-            f"{first['realized_gain_ms']:.1f} ms/step{pred}, charged to the {wall} wall")
+    gain, per = first["realized_gain_ms"], " per the base's work" if first["realized_per"] == "base work" else ""
+    lead = (f"{word} from a recognised change: {first['title']} ({first['detected_by']}) "
+            f"{'saved' if gain >= 0 else 'cost'} {abs(gain):.1f} ms/step{per}{pred}, charged to the {wall} wall")
     rest = verdict["summary"].split(": ", 1)[1] if ": " in verdict["summary"] else verdict["summary"]
     return dict(verdict, wall=wall, summary=f"{lead}. Measured: {rest}")
+
+
+def _per_work_moves(walls: dict, components: list[dict], kernels: list[dict], ratio: float):
+    """Each wall's, component's (ms/step) and kernel's move with the candidate's time per the
+    base's work (the candidate's / ``ratio``), kernels re-sorted by the size of that move."""
+    pw = lambda b, c: round(c / ratio - b, 3)  # noqa: E731
+    moves = {w: pw(x["base_ms"], x["candidate_ms"]) for w, x in walls.items()}
+    comps = [dict(x, delta=pw(x["base"], x["candidate"])) if x["unit"] == "ms/step" else x for x in components]
+    kerns = sorted((dict(k, delta_ms_per_step=pw(k["base"]["ms_per_step"], k["candidate"]["ms_per_step"]))
+                    for k in kernels), key=lambda k: -abs(k["delta_ms_per_step"]))
+    return moves, comps, kerns
+
+
+def _decision(judged: dict) -> tuple[bool, bool, bool, str]:
+    """significant, regression, improvement, change of a step comparison (``step``, or
+    ``step.work`` where the pair changed the work a step: per the base's work)."""
+    significant = bool(judged["test"]["significant"])
+    regression, improvement = significant and judged["delta_ms"] > 0, significant and judged["delta_ms"] < 0
+    return significant, regression, improvement, (
+        "regression" if regression else "improvement" if improvement else "no significant change")
+
+
+def _per_work(step_work: dict, xb: list, xc: list, alpha: float, min_effect: float) -> dict:
+    """``step.work``: the measure, and the candidate's step per the base's work with its own test."""
+    yc = work.per_base_work(xc, step_work)
+    mb, mc = float(np.mean(xb)), float(np.mean(yc))
+    return dict(step_work, candidate_ms_per_base_work=round(mc, 3), delta_ms=round(mc - mb, 3),
+                delta_pct=round(100 * (mc / mb - 1), 3) if mb > 0 else float("nan"),
+                test=step_test(xb, yc, alpha=alpha, min_effect=min_effect))
 
 
 def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALPHA,
@@ -312,10 +356,11 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
                 delta_pct=round(100 * (ratio - 1), 3), ratio=round(ratio, 4),
                 base_std_ms=b.window["step_ms"]["std"], candidate_std_ms=c.window["step_ms"]["std"],
                 base_iterations=len(xb), candidate_iterations=len(xc), test=test)
-    significant = bool(test["significant"])
-    regression = significant and mc > mb
-    improvement = significant and mc < mb
-    change = "regression" if regression else "improvement" if improvement else "no significant change"
+    step_work = work.step_work(_settings(b), _settings(c), b.layout.get("sizes") or {}, c.layout.get("sizes") or {})
+    # a measure equal on both sides is no change of work: judged as measured
+    same = step_work is None or step_work["ratio"] == 1.0
+    step["work"] = None if same else _per_work(step_work, xb, xc, alpha, min_effect)
+    significant, regression, improvement, change = _decision(step["work"] or step)
     walls = {w: dict(base_ms=b.walls[w]["ms_per_step"], candidate_ms=c.walls[w]["ms_per_step"],
                      delta_ms=round(c.walls[w]["ms_per_step"] - b.walls[w]["ms_per_step"], 3),
                      base_share=b.walls[w]["share"], candidate_share=c.walls[w]["share"]) for w in WALLS}
@@ -334,14 +379,17 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     causes = attribute(b, c)
     # a rise in waiting is the waited-for rank's wall, not communication
     verdict_deltas = causes["walls_delta_ms"] if causes and causes["charged"] else walls_delta
+    v_components, v_kernels = components, kernels
+    if step["work"]:  # the verdict's wall, component and kernel per the base's work too
+        verdict_deltas, v_components, v_kernels = _per_work_moves(walls, components, kernels, step["work"]["ratio"])
     # one replayer of the base for both: the fixes' prices and the step's split
     rb = replayer_of(getattr(getattr(b, "extra", None), "replay_inputs", None))
-    applied = fix_gains(b, c, mb, mc, rb)
+    applied = fix_gains(b, c, mb, mc, rb, step_work)
     table = {f["id"]: f for f in load_table()}
     step["split"] = split_step(b, c, mc - mb, applied, table, rb)
     applied = without_pauses(applied, step["split"], table)
     notes += caveats(applied)
-    verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, components, kernels), applied,
+    verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, v_components, v_kernels), applied,
                              significant, change)
     return DiffResult(
         base=_side(b), candidate=_side(c), step=step, significant=significant, regression=regression,

@@ -10,7 +10,8 @@ Which change applies which fix is data: ``applied_when`` of each ``[[fix]]`` in
     off:FLAG           set on the base, absent (or "0") on the candidate
     change:KEY=A->B    configuration KEY from A to B (pp_p2p: an interleaved schedule's P2P mode, read off its kernels)
     up:FLAG            FLAG's number grows; the realized gain is then per the base's work
-                       (the candidate's step x base value / candidate value)
+                       (the candidate's step / the work ratio, ``work.step_work``; where no measure
+                       of the work is known on both sides, / the flag's growth)
     kernels:fp8        FP8 GEMM kernels appear
     kernels:grouped    grouped GEMM kernels appear (``kernels.GROUPED_GEMM``)
     overlap:dp         the data-parallel gradient reductions, after the backward on the base (under
@@ -66,6 +67,7 @@ from ..fixes import load_table, predict_by_id
 from ..kernels import GROUPED_GEMM
 from ..replay import critical_path
 from ..replay.run import price_requests, request_text
+from . import work
 
 _ABSENT = (None, False, "0", "false", "False")
 
@@ -78,7 +80,7 @@ _LAYOUT_FLAGS = {"microbatches": "--num-microbatches", "vpp": "--virtual-pipelin
 PP_P2P = "pp_p2p"  # the settings key of an interleaved schedule's P2P mode (``change:pp_p2p=batched->overlapped``)
 # the settings key of a micro-batch's rows (tokens) off the normalisation kernels' grids, where no
 # --micro-batch-size says the size: their growth is the micro-batch's (``up:micro_batch_rows``)
-ROWS = "micro_batch_rows"
+ROWS = work.ROWS
 
 
 def _settings(d) -> dict:
@@ -235,7 +237,7 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
         return str(sb.get(key)) == a and str(sc.get(key)) == b, 1.0
     if kind == "up":
         vb, vc = _number(sb.get(arg)), _number(sc.get(arg))
-        return bool(vb and vc and vc > vb), _work_ratio(sb, sc, (vc / vb) if vb and vc else 1.0)
+        return bool(vb and vc and vc > vb), (vc / vb) if vb and vc else 1.0
     if kind == "kernels":
         return not kb[arg] and kc[arg], 1.0
     if kind == "library":
@@ -261,24 +263,6 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
     if kind == "transfer":  # transfer:faster
         return _fabric_faster(kb["transfers"], kc["transfers"]), 1.0
     raise ValueError(f"fixes.toml applied_when: unknown condition {cond!r}")
-
-
-def _work(s: dict) -> float | None:
-    """Sequences per step on one data-parallel rank: the global batch when given (the same
-    divisor on both sides), else micro-batch size (or its rows, ``ROWS``: tokens, the same
-    measure on both sides) x micro-batches; None when neither is set."""
-    gbs = _number(s.get("--global-batch-size"))
-    if gbs:
-        return gbs
-    mbs, m = _number(s.get("--micro-batch-size")) or _number(s.get(ROWS)), _number(s.get("--num-microbatches"))
-    return (mbs or 1) * (m or 1) if (mbs or m) else None
-
-
-def _work_ratio(sb: dict, sc: dict, flag_ratio: float) -> float:
-    """Candidate work over base work: from the batch flags of both sides when they say it (a
-    bigger micro-batch with fewer micro-batches is the same work), else the changed flag's ratio."""
-    wb, wc = _work(sb), _work(sc)
-    return wc / wb if wb and wc else flag_ratio
 
 
 # flags whose growth factor a gain model or a replay transform takes (``predict_by_id``'s
@@ -334,9 +318,11 @@ def _predicted(fix_id: str, b, change: dict, replayed: dict) -> dict:
     return {k: stored.get(k) for k in ("expected_gain_ms", "gain_low_ms", "gain_high_ms", "gain_basis")}
 
 
-def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
+def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None, step_work: dict | None = None) -> list[dict]:
     """One row per known fix the candidate applies: predicted (on the base, by its replayer
-    ``rb`` where there is one) next to realized."""
+    ``rb`` where there is one) next to realized, per the base's work: the candidate's step over
+    ``step_work``'s ratio (``work.step_work``) where both sides' work is known, else a grown
+    flag's (``up:``) own growth."""
     sb, sc, kb, kc = _settings(b), _settings(c), _timeline_signs(b), _timeline_signs(c)
     applied = []
     for fix in load_table():
@@ -360,6 +346,8 @@ def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None) -> list[dict]:
     wall_c = critical_path.largest(walls_c) if walls_c else None
     rows = []
     for fix, cond, ratio, change in applied:
+        if step_work:  # whatever the fix, a step that does more work is judged per the base's
+            ratio = step_work["ratio"]
         realized = base_ms - candidate_ms / ratio
         p = _predicted(fix["id"], b, change, replayed)
         est, lo, hi = p.get("expected_gain_ms"), p.get("gain_low_ms"), p.get("gain_high_ms")

@@ -17,8 +17,19 @@ def one_line(r: DiffResult) -> str:
     s = r.step
     sig = "significant" if r.significant else "not significant"
     wall = f", {r.verdict['wall']} {signed_ms(r.walls_delta_ms[r.verdict['wall']])} ms/step" if r.verdict["wall"] else ""
+    per = "" if s.get("work") is None else f" per the base's work, x{s['work']['ratio']:g} the work a step"
     return (f"vs baseline: {r.change}, step {s['base_ms']:.1f} -> {s['candidate_ms']:.1f} ms "
-            f"({s['delta_pct']:+.1f}%, {sig}{wall})")
+            f"({r.judged_step['delta_pct']:+.1f}%{per}, {sig}{wall})")
+
+
+def work_line(w: dict) -> str:
+    """``step.work`` in words: the measure, both sides' work and the test per the base's work."""
+    t = w["test"]
+    ci = f", 95% CI [{t['ci95_delta_ms'][0]:+.2f}, {t['ci95_delta_ms'][1]:+.2f}] ms" if t["ci95_delta_ms"] else ""
+    return (f"Work: the candidate does x{w['ratio']:g} the base's work a step ({w['measure']}: {w['basis']}); "
+            f"per the base's work its step is {w['candidate_ms_per_base_work']:.2f} ms ({w['delta_pct']:+.1f}%), "
+            f"{t['method']}, {p_value(t['p_value'])}{ci}: the decision is judged on this. The tables are per step, "
+            f"as measured")
 
 
 def _esc(text: str) -> str:
@@ -45,6 +56,8 @@ def render_text(r: DiffResult, width: int = 120, top: int = 12) -> str:
         if t["ci95_delta_ms"] else ""
     p = p_value(t["p_value"])
     con.print(_esc(f"Test: {t['method']}, {p}{ci}; significant needs p<{t['alpha']} and |change|>={t['min_effect_pct']:g}%"))
+    if s.get("work"):
+        con.print(_esc(work_line(s["work"]) + "."))
     _print_walls(con, r)
     if r.causes:
         con.print(_esc(f"Waiting vs transfer: {r.causes['summary']}."))
@@ -121,7 +134,8 @@ def render_markdown(r: DiffResult, top: int = 10) -> str:
     s, t = r.step, r.step["test"]
     icon = {"regression": "Regression", "improvement": "Improvement"}.get(r.change, "No significant change")
     p = p_value(t["p_value"])
-    lines = [f"## profclass diff: **{icon}** ({s['delta_pct']:+.1f}% step time)", "", r.verdict["summary"], "",
+    per = "step time" if s.get("work") is None else "step time per the base's work"
+    lines = [f"## profclass diff: **{icon}** ({r.judged_step['delta_pct']:+.1f}% {per})", "", r.verdict["summary"], "",
              *[x for line in split_lines(s.get("split")) for x in (md_cell(line) + ".", "")],
              "| | base | candidate |", "|---|---:|---:|",
              f"| step (mean, ms) | {s['base_ms']:.2f} | {s['candidate_ms']:.2f} |",
@@ -129,6 +143,7 @@ def render_markdown(r: DiffResult, top: int = 10) -> str:
              f"| iterations | {s['base_iterations']} | {s['candidate_iterations']} |", "",
              f"Ratio {s['ratio']:.4f}; {t['method']}, {p}; significant: **{'yes' if r.significant else 'no'}** "
              f"(needs p<{t['alpha']} and a change of at least {t['min_effect_pct']:g}%).", "",
+             *([md_cell(work_line(s["work"])) + ".", ""] if s.get("work") else []),
              "| wall | base ms/step | candidate ms/step | delta |", "|---|---:|---:|---:|"]
     lines += [f"| {w} | {r.walls[w]['base_ms']:.2f} | {r.walls[w]['candidate_ms']:.2f} | "
               f"{signed_ms(r.walls[w]['delta_ms'])} |" for w in WALLS]
