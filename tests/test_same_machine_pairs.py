@@ -50,7 +50,7 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "GA": "fixtures/timers/s46/", "GB": "fixtures/timers/s46/",
         "GC": "fixtures/timers/s46/", "IA": "fixtures/timers/s49/", "IB": "fixtures/timers/s49/",
         "JA": "fixtures/timers/s50/", "KA": "fixtures/timers/s54/",
-        "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/"}
+        "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/", "MA": "fixtures/timers/s56/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
@@ -542,3 +542,31 @@ def test_call_ld_judged_from_its_logs_as_the_notebook_reports():
     prices = _fifty_fifth("LD", "1cb94b66", ["LD1"])
     (j,) = judge_pairs.judge_call(prices, lambda name: _read(name, "LA"), 50, 79, ["LD1=ld:mem:memnooffload"])
     assert not j["measured"] and round(max(j["apart"]), 3) == 0.134
+
+
+def test_call_ma_judged_from_its_logs_as_the_notebook_reports():
+    """Call MA (fifty-sixth session): the bigger micro-batch on a flagless dense stage, priced in the
+    call, measured, in range and within target (2.46 realized against 2.26); diff's decisions,
+    written before the untraced runs, read twice the work a step off the timeline for 1 x 4 and
+    called it an improvement per the base's work, as the untraced timers' per-work change (-5.0%
+    and -4.8%, beyond 3% of the step) says; the raw step was +90.6%."""
+    written = json.loads(_read("ma_call.json", "MA"))
+    assert written["commit"] == "d8bf8c15" and "`same_machine_pairs.sh call_ma`" in _registration("MA")
+    stamps = _read("ma_call.out", "MA")
+    first_twin = re.search(r"^== ma_\w+_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
+    assert written["written_utc"].replace("+00:00", "Z") <= first_twin
+    assert all(t <= first_twin for t in re.findall(r"^DIFF_WRITTEN \w+ (\S+)", stamps, re.M))
+    prices = {p["label"]: p for p in written["pairs"]}
+    read = lambda name: _read(name, "MA")  # noqa: E731
+    (j,) = judge_pairs.judge_call(prices, read, 20, 39, ["MA1=ma:dense:dense_mbs2"])
+    assert (j["measured"], j["in_range"], j["within"]) == (True, True, True) and round(j["realized"], 2) == 2.46
+    diffs = json.loads(_read("ma_diffs.json", "MA"))
+    m4, mbs2 = diffs["ma_dense_m4"], diffs["ma_dense_mbs2"]
+    assert mbs2["step"]["work"] is None  # the same rows x micro-batches: judged as measured
+    work = m4["step"]["work"]
+    assert work["ratio"] == 2.0 and work["basis"].startswith("base 4096 rows x 2")
+    assert m4["change"] == "improvement" and m4["step"]["delta_pct"] > 0  # raw: +90.6%
+    runs = {c: [judge_pairs.run_mean(read(f"{c}_{r}.log"), 20, 39) for r in ("u1", "u2")]
+            for c in ("ma_dense", "ma_dense_m4")}
+    per_work = [c / 2 / b - 1 for b, c in zip(runs["ma_dense"], runs["ma_dense_m4"])]
+    assert all(x < -0.03 for x in per_work)  # the timers: less time per the base's work, beyond 3%
