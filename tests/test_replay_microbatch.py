@@ -68,3 +68,54 @@ def test_the_accumulation_runs_k_times_less_and_the_micro_batches_host_work_by_k
     # without the selector the kernels keep their time, as before
     (plain,) = T.apply({**SPEC, "microbatch_factor": k, "per_microbatch": ""}, "best", r.traces, r.captured, r.ctx)
     assert np.array_equal(plain.op_dur, w.op_dur)
+
+
+ACCUMULATE = {"kind": "accumulate", "once": [0.5, 1.0, 1.0], "per_microbatch": "name:CUDAFunctor_add<float>"}
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_accumulation_runs_the_once_a_step_work_once_per_k_micro_batches(replayer, k):
+    """More micro-batches of one size, per the base's work: the kernels the once-a-step calls launch
+    (the optimizer's) take 1/k of their time, but for GEMMs and the main_grad accumulation (a
+    micro-batch's), those calls 1/k at the best point (all once a step) and 1 - 0.5 (1 - 1/k) at
+    the low point (half of them the next batch's loading); every other op and call as captured."""
+    r = replayer
+    t, w = r.traces[0], r.captured[0]
+    per_step = M.per_step_calls(t)
+    launched = np.append(per_step, False)[t.ops.launch]
+    tail = t.ops.gemm | (np.char.find(_names(t), "CUDAFunctor_add<float>") >= 0)
+    once = launched & ~tail
+    assert once.any() and not once.all() and (launched & tail).any()  # the stretch opens with the last backward's tail
+    names = _names(t)
+    assert np.char.find(names[once], "multi_tensor_apply").max() >= 0  # the optimizer is once a step
+    for point, f in (("best", 1 / k), ("low", 1 - 0.5 * (1 - 1 / k))):
+        (out,) = T.apply({**ACCUMULATE, "microbatches": k}, point, r.traces, r.captured, r.ctx)
+        assert np.array_equal(out.op_dur[once], (w.op_dur[once] / k).astype(np.int64))
+        assert np.array_equal(out.op_dur[~once], w.op_dur[~once])
+        assert np.array_equal(out.c_dur[per_step], (w.c_dur[per_step] * f).astype(np.int64))
+        assert np.array_equal(out.c_dur[~per_step], w.c_dur[~per_step])
+
+
+def _price(diagnosis, name: str, k: int):
+    import profclass
+    from conftest import profile_path
+    req = f"pp_microbatches:microbatches={k}"
+    d = profclass.diagnose(str(profile_path(name)), price_fixes=(req,))
+    return d, d.replay["requested"][req]
+
+
+def test_more_micro_batches_on_one_stage_are_priced_as_accumulation(diagnosis):
+    """On a job without a pipeline the pipeline fix's request prices gradient accumulation on the
+    graph (a one-stage job has no bubble to share); a longer accumulation wins more, and per the
+    base's work never more than the step's share k micro-batches split (1 - 1/k)."""
+    d, p2 = _price(diagnosis, "mcore_moe1_dropless", 2)
+    _, p4 = _price(diagnosis, "mcore_moe1_dropless", 4)
+    step = d.replay["untraced_step_ms"]
+    assert p2["basis"].startswith("replay:accumulate")
+    assert 0 < p2["low_ms"] <= p2["best_ms"] <= p2["high_ms"]
+    assert p2["best_ms"] < p4["best_ms"] < step * 3 / 4 and p2["best_ms"] < step / 2
+
+
+def test_a_pipelined_job_keeps_the_schedule_price(diagnosis):
+    _, p = _price(diagnosis, "mcore_gb_pp4_m4", 2)
+    assert p["basis"].startswith("replay:pp_schedule")

@@ -1,7 +1,11 @@
 """A larger micro-batch on the replay's graph (the ``fewer_launches`` transform): k times fewer,
 k times larger micro-batches do the same GPU work in k times fewer, longer kernels, launched by k
 times less host work; what a step does once (the gradient reduction, the optimizer) stays, and
-what a micro-batch does at the weights' size (the main_grad accumulation) runs k times less."""
+what a micro-batch does at the weights' size (the main_grad accumulation) runs k times less.
+
+More micro-batches of one size on a job without a pipeline (the ``accumulate`` transform, priced
+per the base's work): k times the micro-batches a step share what the step does once, so per the
+base's work that once-a-step part runs 1/k as long and the rest as captured."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -57,4 +61,34 @@ def apply(spec, pick, selected_ops, point, traces, weights, ctx):
                            h_lag=(w.h_lag * fc[t.edges.h_dst]).astype(np.int64),
                            launch_lag=(w.launch_lag * fo).astype(np.int64), stream_gap=(w.stream_gap * fo).astype(np.int64),
                            op_dur=np.where(once, (w.op_dur / k).astype(np.int64), w.op_dur)))
+    return out
+
+
+def accumulate(spec, pick, selected_ops, point, traces, weights, ctx):
+    """k times the micro-batches of one size a step (gradient accumulation), per the base's work:
+    the host calls made once a step (``per_step_calls``) and the kernels they launch (the
+    optimizer, a gradient reduction after the backward) take 1/k of their time; the calls' share
+    (``once``) at ``point``: the stretch also holds the next batch's loading, which each
+    micro-batch does. A GEMM or a weight-sized accumulation (``per_microbatch``) those calls
+    launch is a micro-batch's (the last backward's tail, the next forward's head: no optimizer
+    runs a GEMM) and keeps its time. None where no replayed iteration shows where its step's
+    once-a-step work is (no forward and backward kernels told apart)."""
+    k = float(spec.get("microbatches", 2.0))
+    f_ops, f_calls = 1.0 / k, 1.0 - pick(spec.get("once", 1.0), point) * (1.0 - 1.0 / k)
+    out = []
+    for t, w, g in zip(traces, weights, ctx.op_groups or [None] * len(traces)):
+        tail = selected_ops(t, "gemm", g)
+        if spec.get("per_microbatch"):
+            tail = tail | selected_ops(t, spec["per_microbatch"], g)
+        per_step = per_step_calls(t)
+        if not per_step.any():
+            return None
+        fc = np.where(per_step, f_calls, 1.0)
+        launched_once = np.append(per_step, False)[t.ops.launch]  # by a once-a-step call (-1: none)
+        fo = np.where(launched_once, f_calls, 1.0)
+        once = launched_once & ~tail
+        out.append(replace(w, c_gap=(w.c_gap * fc).astype(np.int64), c_dur=(w.c_dur * fc).astype(np.int64),
+                           h_lag=(w.h_lag * fc[t.edges.h_dst]).astype(np.int64),
+                           launch_lag=(w.launch_lag * fo).astype(np.int64), stream_gap=(w.stream_gap * fo).astype(np.int64),
+                           op_dur=np.where(once, (w.op_dur * f_ops).astype(np.int64), w.op_dur)))
     return out

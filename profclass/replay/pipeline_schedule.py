@@ -111,6 +111,16 @@ def takes(spec: dict) -> set:
     return set(spec) | (set(CHANGE_KEYS) if spec.get("kind") == KIND else set())
 
 
+def without_pipeline(spec: dict) -> dict | None:
+    """A schedule change a job without a pipeline can make, as the graph transform that prices it
+    (the spec's ``one_stage`` table): only more micro-batches of one size (no VPP, P2P or
+    balance on one stage); None otherwise."""
+    one = spec.get("one_stage")
+    if spec.get("kind") != KIND or not one or any(spec.get(k) for k in ("vpp", "p2p", "balance")):
+        return None
+    return {**one, "microbatches": spec.get("microbatches", 2)}
+
+
 def from_job(traces: list[GpuTrace], keyed: list[dict], ranks, pipeline, step_ns,
              pause_ns: list[float] | None = None) -> tuple[Stages | None, str]:
     """The job's schedule inputs from the replay's traces (``keyed``: each GPU's comm ops with

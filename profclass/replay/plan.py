@@ -127,7 +127,9 @@ class _Pool:
         self.seen |= {f["id"] for f in new}
         moved = [f for f in new if not _reschedules(self.r, self.table[f["id"]]["transform"])]
         self.graph += moved
-        self.sched += [f for f in new if f not in moved]
+        # a schedule change needs the schedule's inputs (a one-stage job prices more micro-batches
+        # on the graph for a request, not in the plan)
+        self.sched += [f for f in new if f not in moved and self.r.stages is not None]
         return bool(moved)
 
     def take_wall(self, wall: str | None) -> bool:

@@ -138,6 +138,12 @@ class Replayer:
             out.append((f, w, o, self._stages_after(o, w)))
         return tuple(out)
 
+    @property
+    def one_stage(self) -> bool:
+        """The job has no pipeline, as the pipeline analyzer read it (one stage; a pipelined job
+        whose stages one capture cannot show is not one)."""
+        return getattr(self.inp.pipeline, "stages", None) == 1
+
     @cached_property
     def untraced_stages(self):
         """The schedule's stages without the profiler: each stage's host time less what the
@@ -335,6 +341,8 @@ def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out:
         if not specs or (len(specs) > 1 and not pipelined.together_priced(r, specs)):
             continue  # fixes together: graph fixes, or graph fixes and schedule changes on a pipelined job
         spec = specs[0]
+        if len(specs) == 1 and r.one_stage and (one := pipeline_schedule.without_pipeline(spec)):
+            specs = [spec := one]  # more micro-batches on one stage: a graph change (gradient accumulation)
         if len(specs) == 1 and spec["kind"] == pipeline_schedule.KIND:
             gains = pipeline_schedule.gains_ms(spec, stages) if r.stages is not None else None
             if gains:

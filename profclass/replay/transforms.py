@@ -429,6 +429,7 @@ _KINDS = {"scale": _scale, "fuse": _fuse, "drop_recomputed": _drop_recomputed, "
           "drop_loads": lambda spec, point, traces, weights, ctx: shapes.loads_gone(spec, _pick, point, traces,
                                                                                      weights),
           "fewer_launches": lambda spec, point, traces, weights, ctx: microbatch.apply(spec, _pick, _selected_ops, point, traces, weights, ctx),
+          "accumulate": lambda spec, point, traces, weights, ctx: microbatch.accumulate(spec, _pick, _selected_ops, point, traces, weights, ctx),
           "overlap": lambda spec, point, traces, weights, ctx: overlap.apply(spec, _pick, point, traces, weights, ctx),
           "ep_overlap": _ep_overlap,
           "host_input": lambda spec, point, traces, weights, ctx: host_input.apply(spec, _pick, point, traces, weights, ctx),
