@@ -46,7 +46,7 @@ def disagreement(verdict: str, largest: str, without: dict, measured: float) -> 
 
 def schedule_basis(spec: dict, stages, traced: bool, host_text: str) -> str:
     return (f"replay:{spec['kind']}: Megatron-Core's schedule simulated with each stage's measured "
-            f"per-micro-batch work, rest, exchange cost and sync refill ({describe(spec)}"
+            f"per-micro-batch work, rest, exchange cost and sync refill ({describe({k: v for k, v in spec.items() if k != 'one_stage'})}"
             + (f"; {pipeline_schedule.balance_note(stages)}" if spec.get("balance") else "")
             + pipeline_schedule.overlap_note(spec, stages)
             + "), against the schedule "
