@@ -18,6 +18,30 @@ def request_parts(request: str) -> list[tuple[str, str]]:
     return [(fid, rest) for fid, _, rest in (one.partition(":") for one in request.split("+"))]
 
 
+def requested(item: str) -> dict:
+    """A fix asked for by id, with the change a pair made where its transform takes it
+    ("host_bigger_launches:microbatch_factor=4"); fixes joined by "+" are applied together, in
+    that order ("recompute_off+host_bigger_launches:microbatch_factor=2")."""
+    parts = [(fid, {k: _change_value(v) for k, v in (kv.split("=", 1) for kv in rest.split(",") if "=" in kv)})
+             for fid, rest in request_parts(item)]
+    return {"id": "+".join(fid for fid, _ in parts), "request": item, "parts": parts}
+
+
+def _change_value(text: str):
+    """A change's value: a number, or a word (``pp_interleave:p2p=batched``)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def request_text(fix_id: str, change: dict) -> str:
+    """A fix asked for with the change a pair made, as ``requested`` reads it back
+    ("host_bigger_launches:microbatch_factor=4")."""
+    return fix_id + (":" + ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                                    for k, v in change.items()) if change else "")
+
+
 def load_table() -> list[dict]:
     return read_table("fixes")["fix"]
 

@@ -1,4 +1,4 @@
-"""Fixes asked for together (``run._requested``'s "a+b"): each transform applied to the weights
+"""Fixes asked for together (``fixes.requested``'s "a+b"): each transform applied to the weights
 the one before it left, the fix plan's arithmetic."""
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ from ..config import RUN_FLAG_ITEMS, run_flags
 from ..fixes import load_table, predict_by_id
 from ..kernels import GROUPED_GEMM
 from ..replay import critical_path
-from ..replay.run import price_requests, request_text
+from ..fixes import request_text
+from ..replay.run import price_requests
 from . import work
 
 _ABSENT = (None, False, "0", "false", "False")

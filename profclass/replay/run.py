@@ -13,7 +13,7 @@ from ..classify import WALLS
 from . import calibrate, collectives, collector, critical_path, engine, pipeline_schedule, pipelined, scenario
 from . import routing, span, transforms
 from ..analyzers.host import PROBE_NS_CORPUS
-from ..fixes import request_parts
+from ..fixes import requested
 from .constants import HOST_SPEED
 from .plan import fix_plan, plan_pool
 from . import notes
@@ -241,7 +241,7 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     pool = plan_pool(chosen, plan_walls or {}, quiet, None if largest in covered else largest)
     asked = dict.fromkeys(i for i in (*also, *quiet) if i not in {f["id"] for f in pool})
     tried: dict = {}  # the graph fixes' best replays from the start: the plan's first step tries them again
-    prices = _price(r, pool + [_requested(i) for i in asked], table, start, untraced, tried=tried)
+    prices = _price(r, pool + [requested(i) for i in asked], table, start, untraced, tried=tried)
     plan = fix_plan(r, pool, table, prices, (start, r.step_ms(untraced)), step, measured, plan_walls,
                     covered | {largest}, tried)
     taken = {p["id"] for p in plan} - set(prices)  # from a wall a step exposed: listed too (fixes.joined)
@@ -275,27 +275,20 @@ def not_replayable(inp: ReplayInputs) -> str:
 
 
 def price_requests(r: Replayer | None, requests: tuple[str, ...], table: dict, traced: bool = False) -> dict:
-    """{request: FixPrice} of fixes asked for as ``id[:key=value,...]`` (``_requested``), priced
+    """{request: FixPrice} of fixes asked for as ``id[:key=value,...]`` (``fixes.requested``), priced
     on the job's replayer (``replayer_of``) as ``replay_job`` prices its chosen ones (``traced``:
     on the captured step, the profiler kept, as the gain-pair tables' traced column); absent: no
     transform, or nothing to replay (no replayer)."""
     if not requests or r is None:
         return {}
     if traced:
-        return _price(r, [_requested(i) for i in requests], table, r.captured, r.base, traced=True)
-    return _price(r, [_requested(i) for i in requests], table, r.untraced, r.untraced_out)
+        return _price(r, [requested(i) for i in requests], table, r.captured, r.base, traced=True)
+    return _price(r, [requested(i) for i in requests], table, r.untraced, r.untraced_out)
 
 
 def replayer_of(inp: ReplayInputs | None) -> Replayer | None:
     """The job's replayer, or None where it has no replay inputs or cannot be replayed."""
     return None if inp is None or not_replayable(inp) else Replayer(inp)
-
-
-def request_text(fix_id: str, change: dict) -> str:
-    """A fix asked for with the change a pair made, as ``_requested`` reads it back
-    ("host_bigger_launches:microbatch_factor=4")."""
-    return fix_id + (":" + ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
-                                    for k, v in change.items()) if change else "")
 
 
 def _graph_facts(r: Replayer, its: list[int]) -> dict:
@@ -305,23 +298,6 @@ def _graph_facts(r: Replayer, its: list[int]) -> dict:
                 edge_source=sorted({t.edge_source for t in r.traces}),
                 unexplained_ms_per_step=round(float(np.mean([t.unexplained_ns / max(t.iterations, 1)
                                                              for t in r.traces])) / 1e6, 3))
-
-
-def _requested(item: str) -> dict:
-    """A fix asked for by id, with the change a pair made where its transform takes it
-    ("host_bigger_launches:microbatch_factor=4"); fixes joined by "+" are applied together, in
-    that order ("recompute_off+host_bigger_launches:microbatch_factor=2")."""
-    parts = [(fid, {k: _value(v) for k, v in (kv.split("=", 1) for kv in rest.split(",") if "=" in kv)})
-             for fid, rest in request_parts(item)]
-    return {"id": "+".join(fid for fid, _ in parts), "request": item, "parts": parts}
-
-
-def _value(text: str):
-    """A change's value: a number, or a word (``pp_interleave:p2p=batched``)."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def _price(r: Replayer, chosen: list[dict], table: dict, start: list, start_out: scenario.Outcome,
