@@ -57,10 +57,7 @@ def apply(spec, pick, selected_ops, point, traces, weights, ctx):
         per_step = per_step_calls(t)
         fc = np.where(per_step, 1.0, f)  # per call
         fo = np.where(np.append(per_step, False)[t.ops.launch], 1.0, f)  # per op, by its launch call (-1: none)
-        out.append(replace(w, c_gap=(w.c_gap * fc).astype(np.int64), c_dur=(w.c_dur * fc).astype(np.int64),
-                           h_lag=(w.h_lag * fc[t.edges.h_dst]).astype(np.int64),
-                           launch_lag=(w.launch_lag * fo).astype(np.int64), stream_gap=(w.stream_gap * fo).astype(np.int64),
-                           op_dur=np.where(once, (w.op_dur / k).astype(np.int64), w.op_dur)))
+        out.append(_scaled(t, w, fc, fo, once, k))
     return out
 
 
@@ -74,7 +71,7 @@ def accumulate(spec, pick, selected_ops, point, traces, weights, ctx):
     runs a GEMM) and keeps its time. None where no replayed iteration shows where its step's
     once-a-step work is (no forward and backward kernels told apart)."""
     k = float(spec.get("microbatches", 2.0))
-    f_ops, f_calls = 1.0 / k, 1.0 - pick(spec.get("once", 1.0), point) * (1.0 - 1.0 / k)
+    f_calls = 1.0 - pick(spec.get("once", 1.0), point) * (1.0 - 1.0 / k)
     out = []
     for t, w, g in zip(traces, weights, ctx.op_groups or [None] * len(traces)):
         tail = selected_ops(t, "gemm", g)
@@ -87,8 +84,15 @@ def accumulate(spec, pick, selected_ops, point, traces, weights, ctx):
         launched_once = np.append(per_step, False)[t.ops.launch]  # by a once-a-step call (-1: none)
         fo = np.where(launched_once, f_calls, 1.0)
         once = launched_once & ~tail
-        out.append(replace(w, c_gap=(w.c_gap * fc).astype(np.int64), c_dur=(w.c_dur * fc).astype(np.int64),
-                           h_lag=(w.h_lag * fc[t.edges.h_dst]).astype(np.int64),
-                           launch_lag=(w.launch_lag * fo).astype(np.int64), stream_gap=(w.stream_gap * fo).astype(np.int64),
-                           op_dur=np.where(once, (w.op_dur * f_ops).astype(np.int64), w.op_dur)))
+        out.append(_scaled(t, w, fc, fo, once, k))
     return out
+
+
+def _scaled(t: GpuTrace, w, per_call: np.ndarray, per_op: np.ndarray, ops: np.ndarray, k: float):
+    """The weights with each host call's time (its gap, duration and the host edges into it) by
+    ``per_call``, each op's launch latency and stream gap by ``per_op``, and the ``ops`` picked
+    take 1/k of their time."""
+    return replace(w, c_gap=(w.c_gap * per_call).astype(np.int64), c_dur=(w.c_dur * per_call).astype(np.int64),
+                   h_lag=(w.h_lag * per_call[t.edges.h_dst]).astype(np.int64),
+                   launch_lag=(w.launch_lag * per_op).astype(np.int64), stream_gap=(w.stream_gap * per_op).astype(np.int64),
+                   op_dur=np.where(ops, (w.op_dur / k).astype(np.int64), w.op_dur))
