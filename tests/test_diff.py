@@ -326,11 +326,11 @@ def test_an_interleaved_schedules_p2p_mode_change_applies_the_overlap_fix():
     job (VPP 1, whose calls are batched) is no setting, so 1F1B -> interleaved is not it."""
     from types import SimpleNamespace
 
-    from profclass.diff.fix_gains import _applied, _settings
+    from profclass.diff.fix_gains import _applied, side_settings
     from profclass.fixes import load_table
 
     def side(vpp, p2p):
-        return _settings(SimpleNamespace(config={}, layout={"sizes": {"vpp": vpp}},
+        return side_settings(SimpleNamespace(config={}, layout={"sizes": {"vpp": vpp}},
                                          pipeline={"virtual_stages": vpp, "p2p": p2p}))
 
     (fix,) = [f for f in load_table() if f["id"] == "pp_overlap_p2p"]

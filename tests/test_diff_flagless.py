@@ -198,10 +198,10 @@ def test_pauses_gone_beside_a_changed_setting_is_not_manual_gc(flagless):
     bare = diff(flagless("mcore_gb_pp4s_vpp2_m8"), flagless("mcore_gb_pp4s_m8"))
     assert "host_gc" not in {r["fix"] for r in bare.fix_gains}
     import profclass
-    from profclass.diff.fix_gains import _settings
+    from profclass.diff.fix_gains import side_settings
 
     vpp = "--virtual-pipeline-model-parallel-size"  # read off the timeline: the setting that changed
-    sides = [_settings(profclass.diagnose(flagless(n))) for n in ("mcore_gb_pp4s_vpp2_m8", "mcore_gb_pp4s_m8")]
+    sides = [side_settings(profclass.diagnose(flagless(n))) for n in ("mcore_gb_pp4s_vpp2_m8", "mcore_gb_pp4s_m8")]
     assert [s.get(vpp) for s in sides] == [2, None]
 
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from conftest import profile_path, relaunched
 from profclass.cli import main
 from profclass.diff.compare import diff
-from profclass.diff.fix_gains import _settings
+from profclass.diff.fix_gains import side_settings
 from profclass.diff.work import ROWS, ROWS_MEASURE, SEQUENCES, step_work
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_the_work_ratio_follows_the_pairs_construction(pair, diagnosis):
     micro-batches a step at the same size (corpus ``realized = "per_microbatch"``), and that
     ratio is the micro-batch counts' own."""
     b, c = diagnosis(pair["base"]), diagnosis(pair["candidate"])
-    w = step_work(_settings(b), _settings(c), b.layout["sizes"], c.layout["sizes"])
+    w = step_work(side_settings(b), side_settings(c), b.layout["sizes"], c.layout["sizes"])
     if pair.get("realized") == "per_microbatch":
         mb, mc = b.layout["sizes"]["microbatches"], c.layout["sizes"]["microbatches"]
         assert w is not None and w["ratio"] == pytest.approx(mc / mb), w

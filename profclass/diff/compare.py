@@ -17,7 +17,7 @@ from ..replay.run import replayer_of
 from .causes import attribute
 from ..fixes import load_table
 from . import work
-from .fix_gains import _settings, caveats, fix_gains, without_pauses
+from .fix_gains import side_settings, caveats, fix_gains, without_pauses
 from .saved import as_diagnosis
 from .split import split_step
 from .stats import ALPHA, MIN_EFFECT, step_test
@@ -356,7 +356,8 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
                 delta_pct=round(100 * (ratio - 1), 3), ratio=round(ratio, 4),
                 base_std_ms=b.window["step_ms"]["std"], candidate_std_ms=c.window["step_ms"]["std"],
                 base_iterations=len(xb), candidate_iterations=len(xc), test=test)
-    step_work = work.step_work(_settings(b), _settings(c), b.layout.get("sizes") or {}, c.layout.get("sizes") or {})
+    sb, sc = side_settings(b), side_settings(c)
+    step_work = work.step_work(sb, sc, b.layout.get("sizes") or {}, c.layout.get("sizes") or {})
     # a measure equal on both sides is no change of work: judged as measured
     same = step_work is None or step_work["ratio"] == 1.0
     step["work"] = None if same else _per_work(step_work, xb, xc, alpha, min_effect)
@@ -384,7 +385,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
         verdict_deltas, v_components, v_kernels = _per_work_moves(walls, components, kernels, step["work"]["ratio"])
     # one replayer of the base for both: the fixes' prices and the step's split
     rb = replayer_of(getattr(getattr(b, "extra", None), "replay_inputs", None))
-    applied = fix_gains(b, c, mb, mc, rb, step_work)
+    applied = fix_gains(b, c, (sb, sc), mb, mc, rb, step_work)
     table = {f["id"]: f for f in load_table()}
     step["split"] = split_step(b, c, mc - mb, applied, table, rb)
     applied = without_pauses(applied, step["split"], table)

@@ -63,10 +63,9 @@ import numpy as np
 from ..analyzers.communication import DP_OVERLAP_SEEN, DP_REDUCTIONS, beside_compute
 from ..analyzers.stragglers import EP_IMBALANCE, routing_balanced, routing_uneven
 from ..config import RUN_FLAG_ITEMS, run_flags
-from ..fixes import load_table, predict_by_id
+from ..fixes import load_table, predict_by_id, request_text
 from ..kernels import GROUPED_GEMM
 from ..replay import critical_path
-from ..fixes import request_text
 from ..replay.run import price_requests
 from . import work
 
@@ -84,7 +83,7 @@ PP_P2P = "pp_p2p"  # the settings key of an interleaved schedule's P2P mode (``c
 ROWS = work.ROWS
 
 
-def _settings(d) -> dict:
+def side_settings(d) -> dict:
     """Configuration values and command-line flags of one side, one flat dict (with the layout's
     schedule sizes where no flag says them: ``_LAYOUT_FLAGS``)."""
     out = {k: (v or {}).get("value") for k, v in d.config.items() if k not in RUN_FLAG_ITEMS}
@@ -102,13 +101,6 @@ def _settings(d) -> dict:
     if out.get("--micro-batch-size") is None and any(rows):
         out[ROWS] = float(np.median([r for r in rows if r]))
     return out
-
-
-def _number(v) -> float | None:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def _routing(d) -> tuple[bool, float, str | None] | None:
@@ -237,7 +229,7 @@ def _applied(cond: str, sb: dict, sc: dict, kb: dict, kc: dict) -> tuple[bool, f
         a, _, b = move.partition("->")
         return str(sb.get(key)) == a and str(sc.get(key)) == b, 1.0
     if kind == "up":
-        vb, vc = _number(sb.get(arg)), _number(sc.get(arg))
+        vb, vc = work.number(sb.get(arg)), work.number(sc.get(arg))
         return bool(vb and vc and vc > vb), (vc / vb) if vb and vc else 1.0
     if kind == "kernels":
         return not kb[arg] and kc[arg], 1.0
@@ -275,7 +267,7 @@ _FACTOR_INPUTS = {"--micro-batch-size": "microbatch_factor", ROWS: "microbatch_f
 def _change(cond: str, sb: dict, sc: dict) -> dict:
     """What the detected change was, for a model that prices it (a micro-batch 1 -> 4 is 4x)."""
     kind, _, arg = cond.partition(":")
-    vb, vc = _number(sb.get(arg)), _number(sc.get(arg))
+    vb, vc = work.number(sb.get(arg)), work.number(sc.get(arg))
     if kind != "up" or arg not in _FACTOR_INPUTS or not (vb and vc):
         return {}
     return {_FACTOR_INPUTS[arg]: vc / vb}
@@ -319,12 +311,13 @@ def _predicted(fix_id: str, b, change: dict, replayed: dict) -> dict:
     return {k: stored.get(k) for k in ("expected_gain_ms", "gain_low_ms", "gain_high_ms", "gain_basis")}
 
 
-def fix_gains(b, c, base_ms: float, candidate_ms: float, rb=None, step_work: dict | None = None) -> list[dict]:
+def fix_gains(b, c, settings: tuple[dict, dict], base_ms: float, candidate_ms: float, rb=None,
+              step_work: dict | None = None) -> list[dict]:
     """One row per known fix the candidate applies: predicted (on the base, by its replayer
     ``rb`` where there is one) next to realized, per the base's work: the candidate's step over
     ``step_work``'s ratio (``work.step_work``) where both sides' work is known, else a grown
-    flag's (``up:``) own growth."""
-    sb, sc, kb, kc = _settings(b), _settings(c), _timeline_signs(b), _timeline_signs(c)
+    flag's (``up:``) own growth. ``settings``: each side's ``side_settings``."""
+    (sb, sc), kb, kc = settings, _timeline_signs(b), _timeline_signs(c)
     applied = []
     for fix in load_table():
         hits = [(cond, ratio) for cond in fix.get("applied_when", []) for ok, ratio in [_applied(cond, sb, sc, kb, kc)]

@@ -19,26 +19,31 @@ ROWS_MEASURE = "rows (tokens) per step on one data-parallel rank, off the normal
 ROWS = "micro_batch_rows"  # fix_gains' settings key of a micro-batch's rows (the same string)
 
 
-def _number(v) -> float | None:
+def number(v) -> float | None:
+    """A setting's value as a number, None where it is none."""
     try:
-        x = float(v)
+        return float(v)
     except (TypeError, ValueError):
         return None
-    return x if x > 0 else None
+
+
+def _positive(v) -> float | None:
+    x = number(v)
+    return x if x is not None and x > 0 else None
 
 
 def _sequences(s: dict, dp: int | None) -> tuple[float, str] | None:
-    gbs = _number(s.get("--global-batch-size"))
+    gbs = _positive(s.get("--global-batch-size"))
     if gbs and dp:
         return gbs / dp, f"--global-batch-size {gbs:g} / DP {dp}"
-    mbs, m = _number(s.get("--micro-batch-size")), _number(s.get("--num-microbatches"))
+    mbs, m = _positive(s.get("--micro-batch-size")), _positive(s.get("--num-microbatches"))
     if mbs and m:
         return mbs * m, f"--micro-batch-size {mbs:g} x {m:g} micro-batches"
     return None
 
 
 def _rows(s: dict) -> tuple[float, str] | None:
-    rows, m = _number(s.get(ROWS)), _number(s.get("--num-microbatches"))
+    rows, m = _positive(s.get(ROWS)), _positive(s.get("--num-microbatches"))
     if rows and m:
         return rows * m, f"{rows:g} rows x {m:g} micro-batches"
     return None
@@ -46,7 +51,7 @@ def _rows(s: dict) -> tuple[float, str] | None:
 
 def step_work(sb: dict, sc: dict, sizes_b: dict, sizes_c: dict) -> dict | None:
     """The candidate's work per step over the base's, from two sides' settings (``fix_gains``'
-    ``_settings``: flags, Hydra overrides, the timeline's micro-batch count and rows) and layout
+    ``side_settings``: flags, Hydra overrides, the timeline's micro-batch count and rows) and layout
     sizes; None where no one measure is known on both sides."""
     seq = _sequences(sb, sizes_b.get("dp")), _sequences(sc, sizes_c.get("dp"))
     same_split = all(sizes_b.get(k) == sizes_c.get(k) for k in ("tp", "cp"))
