@@ -50,7 +50,8 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "GA": "fixtures/timers/s46/", "GB": "fixtures/timers/s46/",
         "GC": "fixtures/timers/s46/", "IA": "fixtures/timers/s49/", "IB": "fixtures/timers/s49/",
         "JA": "fixtures/timers/s50/", "KA": "fixtures/timers/s54/",
-        "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/", "MA": "fixtures/timers/s56/"}
+        "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/", "MA": "fixtures/timers/s56/",
+        "MB": "fixtures/timers/s57/", "MC": "fixtures/timers/s57/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
@@ -570,3 +571,54 @@ def test_call_ma_judged_from_its_logs_as_the_notebook_reports():
             for c in ("ma_dense", "ma_dense_m4")}
     per_work = [c / 2 / b - 1 for b, c in zip(runs["ma_dense"], runs["ma_dense_m4"])]
     assert all(x < -0.03 for x in per_work)  # the timers: less time per the base's work, beyond 3%
+
+
+def _stamped_before_the_twins(call: str, commit: str) -> dict:
+    """The call's prices, written by ``commit`` (the registering commit) and, with its diffs,
+    before its first untraced run."""
+    prefix = call.lower()
+    written = json.loads(_read(f"{prefix}_call.json", call))
+    assert written["commit"] == commit and "`same_machine_pairs.sh call_mb`" in _registration("MB")
+    stamps = _read(f"{prefix}_call.out", call)
+    first_twin = re.search(rf"^== {prefix}_mb_\w+_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
+    assert written["written_utc"].replace("+00:00", "Z") <= first_twin
+    diffs = re.findall(r"^DIFF_WRITTEN \w+ (\S+)", stamps, re.M)
+    assert len(diffs) == 2 and all(t <= first_twin for t in diffs)
+    return {p["label"]: p for p in written["pairs"]}
+
+
+@pytest.mark.parametrize("call, commit, first, last, judged, dense_decision", [
+    ("MB", "f58e05cd", 20, 39, [(False, None, None)] * 3, "improvement"),
+    ("MC", "c3f2786e", 50, 79, [(True, False, False), (True, False, False), (False, None, None)],
+     "no significant change")])
+def test_calls_mb_and_mc_judged_from_their_logs_as_the_notebook_reports(call, commit, first, last, judged,
+                                                                        dense_decision):
+    """Calls MB and MC (fifty-seventh session): more micro-batches of one size on one-stage jobs,
+    priced per the base's work by the accumulate transform in the call, held out. MB measured
+    nothing (its host drifted within runs); MC, the same call with 80-step runs, measured the
+    MoE stage's two pairs, both over-priced and outside their ranges (17.43 against 28.07, 28.74
+    against 41.44), and not the dense stage's. diff read twice the work a step off the timeline
+    on both x2 pairs and judged them per the base's work (the MoE pair an improvement in both
+    calls; the dense pair's traced steps spread too wide in MC to call); where the untraced
+    per-work change is measured (MC's MoE pair, about -19.5%) it is an improvement too."""
+    prices = _stamped_before_the_twins(call, commit)
+    p = call.lower()
+    read = lambda name: _read(name, call)  # noqa: E731
+    got = judge_pairs.judge_call(prices, read, first, last, [f"{call}1={p}:moe1:moe1_m4/2", f"{call}2={p}:moe1:moe1_m8/4",
+                                                             f"{call}3={p}:dense_s1k:dense_s1k_m4/2"])
+    assert [(j["measured"], j.get("in_range"), j.get("within")) if j["measured"] else (False, None, None)
+            for j in got] == judged
+    if call == "MC":
+        assert [round(j["realized"], 2) for j in got[:2]] == [17.43, 28.74]
+    diffs = json.loads(_read(f"{p}_diffs.json", call))
+    for name in ("mb_moe1_m4", "mb_dense_s1k_m4"):
+        work = diffs[name]["step"]["work"]
+        assert work["ratio"] == 2.0 and " rows x 2 micro-batches" in work["basis"]
+        assert diffs[name]["step"]["delta_pct"] > 0  # the raw step grew
+    assert [diffs[n]["change"] for n in ("mb_moe1_m4", "mb_dense_s1k_m4")] == ["improvement", dense_decision]
+    runs = {c: [judge_pairs.run_mean(read(f"{p}_{c}_{r}.log"), first, last) for r in ("u1", "u2")]
+            for c in ("moe1", "moe1_m4")}
+    agree = all(max(r) / min(r) - 1 <= judge_pairs.AGREE for r in runs.values())
+    assert agree == (call == "MC")  # MB's MoE base runs 11.8% apart
+    if agree:
+        assert all(c / 2 / b - 1 < -0.03 for b, c in zip(runs["moe1"], runs["moe1_m4"]))
