@@ -148,7 +148,7 @@ def test_issue_target_80_percent_of_pairs(rows):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 30's target (80% of the replayed pairs within max(15%, 3% of the "
-                   "step)) is not met: 58 of 83 untraced, 12 of 31 traced; docs/fixes.md 'Replayed gains' and "
+                   "step)) is not met: 59 of 83 untraced, 11 of 31 traced; docs/fixes.md 'Replayed gains' and "
                    "the issue-30 note give each miss's cause")
 def test_replay_target_80_percent_of_pairs(replay_rows):
     for judged in ("ok_untraced", "ok_traced"):

@@ -16,28 +16,57 @@ from .trace import BWD, FWD, GpuTrace
 
 
 def per_step_calls(t: GpuTrace) -> np.ndarray:
-    """Per host call: made once a step, not once a micro-batch. Between the launch of each step's
-    last backward-only kernel and the launch of the next step's first forward-only kernel (the
-    gradient reduction, the optimizer, the next batch's loading; the window's head and tail
-    alike). None marked where a replayed iteration shows no pair kernel of either side."""
+    """Per host call: made once a step, not once a micro-batch. A step's micro-batches each end
+    with a backward and the next begins with a forward, so the host's launches turn from a
+    backward-only kernel to a forward-only one once a micro-batch; one of those turns a period is
+    the step's own (the gradient reduction, the optimizer, the next batch's loading), the one
+    the host takes longest over: the calls there are marked. The window's head and tail are
+    marked where the window opens or closes on a step's turn (``_window_edges``). The replay's
+    iterations are periods of the step whose phase may be anywhere (a periodicity window), so
+    the turn is found, not assumed at an iteration's start. None marked where the window shows
+    no turn."""
     c = t.calls.c_start
     none = np.zeros(len(c), bool)
     side, k = t.ops.side, t.iterations
     if side is None or not len(c) or k < 1:
         return none
-    its = np.clip(np.searchsorted(np.asarray(t.iteration_starts, np.int64), t.ops.start, side="right") - 1, 0, k - 1)
-    launched = t.ops.launch >= 0
-    bwd, fwd = np.flatnonzero((side == BWD) & launched), np.flatnonzero((side == FWD) & launched)
-    last_bwd, first_fwd = np.full(k, -1, np.int64), np.full(k, t.n_ops, np.int64)
-    np.maximum.at(last_bwd, its[bwd], bwd)  # ops are sorted by start: the largest index ran last
-    np.minimum.at(first_fwd, its[fwd], fwd)
-    if (last_bwd < 0).any() or (first_fwd >= t.n_ops).any():
+    marked = np.flatnonzero(((side == FWD) | (side == BWD)) & (t.ops.launch >= 0))  # in start order
+    turns = np.flatnonzero((side[marked[:-1]] == BWD) & (side[marked[1:]] == FWD))
+    if not len(turns):
         return none
-    # stretches (-inf, H0), (T0, H1), ..., (T(k-1), inf): T a step's last backward launch, H its first forward's
-    lo = np.r_[np.iinfo(np.int64).min, c[t.ops.launch[last_bwd]]]
-    hi = np.r_[c[t.ops.launch[first_fwd]], np.iinfo(np.int64).max]
+    lo, hi = c[t.ops.launch[marked[turns]]], c[t.ops.launch[marked[turns + 1]]]
+    # m turns a step (a whole window of k steps holds m k of them, one fewer where it opens or
+    # closes on a step's own turn); of the m phases, the step's turn is the one the host spends
+    # longest over
+    m = max(int(round((len(turns) + 1) / k)), 1)
+    phase = int(np.argmax([(hi - lo)[p::m].sum() for p in range(m)]))
+    steps = np.arange(phase, len(turns), m)
+    lo, hi = lo[steps], hi[steps]
+    head, tail = _window_edges(side[marked], phase == m - 1, len(turns) - 1 - steps[-1] == m - 1)
+    if head:
+        lo = np.r_[np.iinfo(np.int64).min, lo]
+        hi = np.r_[c[t.ops.launch[marked[0]]], hi]
+    if tail:
+        lo = np.r_[lo, c[t.ops.launch[marked[-1]]]]
+        hi = np.r_[hi, np.iinfo(np.int64).max]
     j = np.searchsorted(lo, c, side="left") - 1
-    return c < hi[j]
+    return (j >= 0) & (c < hi[np.maximum(j, 0)])
+
+
+def _window_edges(sides: np.ndarray, opens_step: bool, closes_step: bool) -> tuple[bool, bool]:
+    """Whether the window's head (before its first pair kernel) is the tail of a step's turn and
+    its tail the head of one: where it opens on a step's whole first forward (``opens_step``: the
+    turns before the step's are the step's other micro-batches'; the first run of forward
+    kernels as long as the window's whole ones, within 10%), and closes on a step's whole last
+    backward. ``sides``: the pair kernels' sides in launch order."""
+    starts = np.r_[0, np.flatnonzero(np.diff(sides)) + 1]
+    runs = np.diff(np.r_[starts, len(sides)])
+    inner, inner_sides = runs[1:-1], sides[starts[1:-1]]
+    if not ((inner_sides == FWD).any() and (inner_sides == BWD).any()):
+        return False, False
+    whole = {s: 0.9 * np.median(inner[inner_sides == s]) for s in (FWD, BWD)}
+    return (bool(opens_step and sides[0] == FWD and runs[0] >= whole[FWD]),
+            bool(closes_step and sides[-1] == BWD and runs[-1] >= whole[BWD]))
 
 
 def apply(spec, pick, selected_ops, point, traces, weights, ctx):
