@@ -39,7 +39,7 @@ def per_step_calls(t: GpuTrace) -> np.ndarray:
     # closes on a step's own turn); of the m phases, the step's turn is the one the host spends
     # longest over
     m = max(int(round((len(turns) + 1) / k)), 1)
-    phase = int(np.argmax([(hi - lo)[p::m].sum() for p in range(m)]))
+    phase = int(np.argmax([(hi - lo)[p::m].sum() for p in range(min(m, len(turns)))]))
     steps = np.arange(phase, len(turns), m)
     lo, hi = lo[steps], hi[steps]
     head, tail = _window_edges(side[marked], phase == m - 1, len(turns) - 1 - steps[-1] == m - 1)
