@@ -16,7 +16,7 @@ from conftest import profile_path, relaunched
 from profclass.cli import main
 from profclass.diff.compare import diff
 from profclass.diff.fix_gains import side_settings
-from profclass.diff.work import ROWS, ROWS_MEASURE, SEQUENCES, step_work
+from profclass.diff.work import ROWS, ROWS_MEASURE, SEQUENCES, global_batch_note, step_work
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "fixtures"))
@@ -45,8 +45,20 @@ def test_the_work_ratio_follows_the_pairs_construction(pair, diagnosis):
     if pair.get("realized") == "per_microbatch":
         mb, mc = b.layout["sizes"]["microbatches"], c.layout["sizes"]["microbatches"]
         assert w is not None and w["ratio"] == pytest.approx(mc / mb), w
+        # more micro-batches of one size at one DP: a larger global batch, said as such
+        assert global_batch_note(w, b.layout["sizes"], c.layout["sizes"])
     else:
         assert w is None or w["ratio"] == 1.0, w
+        assert not global_batch_note(w, b.layout["sizes"], c.layout["sizes"])
+
+
+def test_the_same_global_batch_over_half_the_ranks_is_no_change_to_the_training():
+    """Twice the sequences per rank at half the DP is the same global batch: judged per the base's
+    work, with no note that the training changed; at the same DP it is twice the global batch."""
+    w = dict(ratio=2.0, basis="base --global-batch-size 16 / DP 4; candidate --global-batch-size 16 / DP 2")
+    assert global_batch_note(w, {"dp": 4}, {"dp": 2}) == []
+    (note,) = global_batch_note(w, {"dp": 2}, {"dp": 2})
+    assert note.startswith("the candidate trains 2x the base's global batch")
 
 
 WORK_PAIRS = [p for p in COMMITTED if p.get("realized") == "per_microbatch"]
@@ -69,6 +81,7 @@ def test_more_work_a_step_is_judged_per_the_base_work_as_the_timer_says(pair, di
     assert r.change == ("no significant change" if not w["test"]["significant"] else
                         "improvement" if w["delta_ms"] < 0 else "regression")
     assert "per the base's work" in r.verdict["summary"]
+    assert any("2x the base's global batch" in n for n in r.notes)
     (row,) = r.fix_gains
     assert row["realized_per"] == "base work" and row["realized_gain_ms"] == pytest.approx(-w["delta_ms"], abs=0.01)
 
@@ -140,3 +153,18 @@ def test_a_bigger_micro_batch_at_the_same_global_batch_is_the_same_work(diagnosi
 def test_one_measure_on_both_sides_or_none(sb, sc, sizes_b, sizes_c, want):
     w = step_work(sb, sc, sizes_b, sizes_c)
     assert (None if w is None else (w["measure"], w["ratio"])) == want
+
+
+@pytest.mark.parametrize("one_stage, wall", [(False, "communication"), (True, "host")])
+def test_more_micro_batches_on_one_stage_are_charged_to_the_wall_they_moved(one_stage, wall):
+    """More micro-batches of one size are the pipeline bubble's lever (communication, the fix's
+    wall) only where there is a pipeline; on one stage (call MC's MoE pair: the host wall moved
+    most per the base's work) the verdict keeps the wall the change moved most."""
+    from profclass.diff.compare import _lead_with_fix
+
+    measured = {"kind": "improvement", "wall": "host", "summary": "Improvement: step 96.4 -> 132.8 ms"}
+    row = {"fix": "pp_microbatches", "title": "More micro-batches per step", "detected_by": "up:--num-microbatches",
+           "predicted_gain_ms": 14.2, "gain_low_ms": 13.9, "gain_high_ms": 14.7, "realized_gain_ms": 30.0,
+           "realized_per": "base work"}
+    v = _lead_with_fix(measured, [row], True, "improvement", one_stage)
+    assert v["wall"] == wall and v["summary"].endswith(f"charged to the {wall} wall. Measured: step 96.4 -> 132.8 ms")

@@ -295,15 +295,18 @@ def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, comp
     return dict(kind=change, wall=wall, summary=summary)
 
 
-def _lead_with_fix(verdict: dict, applied: list[dict], significant: bool, change: str) -> dict:
+def _lead_with_fix(verdict: dict, applied: list[dict], significant: bool, change: str, one_stage: bool) -> dict:
     """A recognised configuration change (a fix of data/fixes.toml the candidate applies) leads
     the verdict with its measured effect, charged to the fix's wall as the seeds do (turning
-    recompute off is the memory wall's lever, whichever walls its time ran in)."""
+    recompute off is the memory wall's lever, whichever walls its time ran in). On a base
+    without a pipeline (``one_stage``) a schedule fix's lever is no bubble (its ``one_stage``
+    transform prices the work a step does once): charged to the wall the change moved most."""
     if not applied or not significant:
         return verdict
-    walls = {f["id"]: f["wall"] for f in load_table()}
     first = applied[0]
-    wall = walls.get(first["fix"], verdict["wall"])
+    row = next((f for f in load_table() if f["id"] == first["fix"]), {})
+    no_bubble = one_stage and (row.get("transform") or {}).get("one_stage")
+    wall = verdict["wall"] if no_bubble else row.get("wall", verdict["wall"])
     pred = ("" if first["predicted_gain_ms"] is None else
             f", predicted {first['predicted_gain_ms']:.1f} [{first['gain_low_ms']:.1f}, {first['gain_high_ms']:.1f}]")
     word = "Regression" if change == "regression" else "Improvement"
@@ -376,7 +379,8 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     for name, d in (("base", b), ("candidate", c)):
         if d.window["source"] == "whole":
             notes.append(f"{name}: no iterations found (whole capture used), so its step time has no spread")
-    notes += saved_side_notes(b, c)
+    notes += saved_side_notes(b, c) + work.global_batch_note(step_work, b.layout.get("sizes") or {},
+                                                              c.layout.get("sizes") or {})
     causes = attribute(b, c)
     # a rise in waiting is the waited-for rank's wall, not communication
     verdict_deltas = causes["walls_delta_ms"] if causes and causes["charged"] else walls_delta
@@ -391,7 +395,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     applied = without_pauses(applied, step["split"], table)
     notes += caveats(applied)
     verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, v_components, v_kernels), applied,
-                             significant, change)
+                             significant, change, (getattr(b, "pipeline", None) or {}).get("stages") == 1)
     return DiffResult(
         base=_side(b), candidate=_side(c), step=step, significant=significant, regression=regression,
         improvement=improvement, change=change,

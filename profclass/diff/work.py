@@ -63,6 +63,20 @@ def step_work(sb: dict, sc: dict, sizes_b: dict, sizes_c: dict) -> dict | None:
     return None
 
 
+def global_batch_note(work: dict | None, sizes_b: dict, sizes_c: dict) -> list[str]:
+    """A note where the pair changed the global batch (the per-rank work ratio times the DP
+    ratio): a per-work gain is throughput's, and the change is to the training too."""
+    if not work:
+        return []
+    g = work["ratio"] * (sizes_c.get("dp") or 1) / (sizes_b.get("dp") or 1)
+    if abs(g - 1) < 1e-6:
+        return []
+    return [f"the candidate trains {g:.3g}x the base's global batch ({work['basis']}): judged per the base's "
+            "work, as throughput; a different global batch changes the training as well as its speed (the "
+            "optimiser's steps per sample, a schedule counted in steps and, on a learned router, the experts' "
+            "balance and so their time), so time to a given loss is not judged here"]
+
+
 def per_base_work(xc: list[float], work: dict | None) -> list[float]:
     """The candidate's per-iteration steps per the base's work (unchanged without a work ratio)."""
     r = (work or {}).get("ratio") or 1.0
