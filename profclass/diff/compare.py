@@ -295,16 +295,18 @@ def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, comp
     return dict(kind=change, wall=wall, summary=summary)
 
 
-def _lead_with_fix(verdict: dict, applied: list[dict], significant: bool, change: str, one_stage: bool) -> dict:
+def _lead_with_fix(verdict: dict, applied: list[dict], significant: bool, change: str, one_stage: bool,
+                   table: dict) -> dict:
     """A recognised configuration change (a fix of data/fixes.toml the candidate applies) leads
-    the verdict with its measured effect, charged to the fix's wall as the seeds do (turning
-    recompute off is the memory wall's lever, whichever walls its time ran in). On a base
-    without a pipeline (``one_stage``) a schedule fix's lever is no bubble (its ``one_stage``
-    transform prices the work a step does once): charged to the wall the change moved most."""
+    the verdict with its measured effect, charged to the fix's wall (``table``: the fixes by id)
+    as the seeds do (turning recompute off is the memory wall's lever, whichever walls its time
+    ran in). On a base without a pipeline (``one_stage``) a schedule fix's lever is no bubble (its
+    ``one_stage`` transform prices the work a step does once): charged to the wall the change
+    moved most."""
     if not applied or not significant:
         return verdict
     first = applied[0]
-    row = next((f for f in load_table() if f["id"] == first["fix"]), {})
+    row = table.get(first["fix"], {})
     no_bubble = one_stage and (row.get("transform") or {}).get("one_stage")
     wall = verdict["wall"] if no_bubble else row.get("wall", verdict["wall"])
     pred = ("" if first["predicted_gain_ms"] is None else
@@ -360,7 +362,8 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
                 base_std_ms=b.window["step_ms"]["std"], candidate_std_ms=c.window["step_ms"]["std"],
                 base_iterations=len(xb), candidate_iterations=len(xc), test=test)
     sb, sc = side_settings(b), side_settings(c)
-    step_work = work.step_work(sb, sc, b.layout.get("sizes") or {}, c.layout.get("sizes") or {})
+    sizes_b, sizes_c = b.layout.get("sizes") or {}, c.layout.get("sizes") or {}
+    step_work = work.step_work(sb, sc, sizes_b, sizes_c)
     # a measure equal on both sides is no change of work: judged as measured
     same = step_work is None or step_work["ratio"] == 1.0
     step["work"] = None if same else _per_work(step_work, xb, xc, alpha, min_effect)
@@ -379,8 +382,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     for name, d in (("base", b), ("candidate", c)):
         if d.window["source"] == "whole":
             notes.append(f"{name}: no iterations found (whole capture used), so its step time has no spread")
-    notes += saved_side_notes(b, c) + work.global_batch_note(step_work, b.layout.get("sizes") or {},
-                                                              c.layout.get("sizes") or {})
+    notes += saved_side_notes(b, c) + work.global_batch_note(step_work, sizes_b, sizes_c)
     causes = attribute(b, c)
     # a rise in waiting is the waited-for rank's wall, not communication
     verdict_deltas = causes["walls_delta_ms"] if causes and causes["charged"] else walls_delta
@@ -395,7 +397,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     applied = without_pauses(applied, step["split"], table)
     notes += caveats(applied)
     verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, v_components, v_kernels), applied,
-                             significant, change, (getattr(b, "pipeline", None) or {}).get("stages") == 1)
+                             significant, change, (getattr(b, "pipeline", None) or {}).get("stages") == 1, table)
     return DiffResult(
         base=_side(b), candidate=_side(c), step=step, significant=significant, regression=regression,
         improvement=improvement, change=change,
