@@ -551,13 +551,7 @@ def test_call_ma_judged_from_its_logs_as_the_notebook_reports():
     written before the untraced runs, read twice the work a step off the timeline for 1 x 4 and
     called it an improvement per the base's work, as the untraced timers' per-work change (-5.0%
     and -4.8%, beyond 3% of the step) says; the raw step was +90.6%."""
-    written = json.loads(_read("ma_call.json", "MA"))
-    assert written["commit"] == "d8bf8c15" and "`same_machine_pairs.sh call_ma`" in _registration("MA")
-    stamps = _read("ma_call.out", "MA")
-    first_twin = re.search(r"^== ma_\w+_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
-    assert written["written_utc"].replace("+00:00", "Z") <= first_twin
-    assert all(t <= first_twin for t in re.findall(r"^DIFF_WRITTEN \w+ (\S+)", stamps, re.M))
-    prices = {p["label"]: p for p in written["pairs"]}
+    prices = _stamped_before_the_twins("MA", "d8bf8c15")
     read = lambda name: _read(name, "MA")  # noqa: E731
     (j,) = judge_pairs.judge_call(prices, read, 20, 39, ["MA1=ma:dense:dense_mbs2"])
     assert (j["measured"], j["in_range"], j["within"]) == (True, True, True) and round(j["realized"], 2) == 2.46
@@ -574,13 +568,14 @@ def test_call_ma_judged_from_its_logs_as_the_notebook_reports():
 
 
 def _stamped_before_the_twins(call: str, commit: str) -> dict:
-    """The call's prices, written by ``commit`` (the registering commit) and, with its diffs,
-    before its first untraced run."""
+    """The call's prices, written by ``commit`` (the commit its registration names the call in)
+    and, with its two diffs, before its first untraced run."""
     prefix = call.lower()
     written = json.loads(_read(f"{prefix}_call.json", call))
-    assert written["commit"] == commit and "`same_machine_pairs.sh call_mb`" in _registration("MB")
+    registration = " ".join(_registration(call).split())  # the notebook wraps its lines
+    assert written["commit"] == commit and f"`same_machine_pairs.sh call_{prefix}`" in registration
     stamps = _read(f"{prefix}_call.out", call)
-    first_twin = re.search(rf"^== {prefix}_mb_\w+_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
+    first_twin = re.search(rf"^== {prefix}_\w+_u1 rc=0 wall=\d+s start=(\S+)", stamps, re.M).group(1)
     assert written["written_utc"].replace("+00:00", "Z") <= first_twin
     diffs = re.findall(r"^DIFF_WRITTEN \w+ (\S+)", stamps, re.M)
     assert len(diffs) == 2 and all(t <= first_twin for t in diffs)
