@@ -51,7 +51,8 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "GC": "fixtures/timers/s46/", "IA": "fixtures/timers/s49/", "IB": "fixtures/timers/s49/",
         "JA": "fixtures/timers/s50/", "KA": "fixtures/timers/s54/",
         "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/", "MA": "fixtures/timers/s56/",
-        "MB": "fixtures/timers/s57/", "MC": "fixtures/timers/s57/", "MD": "fixtures/timers/s58/"}
+        "MB": "fixtures/timers/s57/", "MC": "fixtures/timers/s57/", "MD": "fixtures/timers/s58/",
+        "ME": "fixtures/timers/s58/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
@@ -633,3 +634,21 @@ def test_call_md_judged_from_its_logs_as_the_notebook_reports():
     assert [(j["measured"], j["in_range"], j["within"]) for j in got] == [(True, True, True), (True, True, True),
                                                                          (True, False, False)]
     assert [round(j["realized"], 2) for j in got] == [13.35, 21.79, 11.05]
+
+
+def test_call_me_measured_nothing_and_its_diff_read_the_work_as_the_notebook_reports():
+    """Call ME (fifty-eighth session): the accumulate transform on a GPU-paced dense stage and a
+    two-layer force-balanced MoE stage, priced and diffed in the call before any untraced run.
+    Nothing measured: every candidate's two runs are more than 5% apart (their steps jump between
+    two levels). diff read twice the work a step off the timeline on the dense x2 pair and called
+    it an improvement per the base's work; with no measured untraced change it is not judged."""
+    prices = _stamped_before_the_twins("ME", "638892a7", diffs=1)
+    assert [prices[k]["best_ms"] for k in ("ME1", "ME2", "ME3")] == [6.66, 8.36, 15.07]
+    got = judge_pairs.judge_call(prices, lambda name: _read(name, "ME"), 50, 79,
+                                 ["ME1=me:dense_h4k:dense_h4k_m4/2", "ME2=me:dense_h4k:dense_h4k_m8/4",
+                                  "ME3=me:moe2_bal:moe2_bal_m4/2"])
+    assert [j["measured"] for j in got] == [False] * 3
+    assert [round(100 * max(j["apart"]), 1) for j in got] == [8.8, 12.0, 6.5]
+    diff = json.loads(_read("me_diffs.json", "ME"))
+    assert diff["change"] == "improvement" and diff["step"]["delta_pct"] > 0  # raw: the step grew
+    assert diff["step"]["work"]["ratio"] == 2.0 and diff["step"]["work"]["delta_pct"] < -3
