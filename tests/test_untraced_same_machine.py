@@ -75,3 +75,28 @@ def test_a_host_paced_report_says_its_untraced_step_is_likely_long(diagnosis):
     assert "an upper bound" not in replay_lines(gpu)[1]
     assert gpu.replay["untraced_step_ms"] > 0.98 * gpu.replay["measured_step_ms"]
     assert not any(m.startswith("replay: untraced_step_ms takes only") for m in gpu.missing)
+
+
+def test_the_caveat_names_the_fixes_off_the_host_wall_that_leave_the_replay_host_paced(diagnosis):
+    """Where the caveat holds, the fixes it says may gain more than priced are exactly those whose
+    wall is not the host's and whose replayed step is host-paced after them (``wall_after``):
+    there the replay's host, likely slower than the job's, paces the step (call ME's dense stage).
+    Host-wall fixes stay under the line's first clause (host-side prices large)."""
+    from profclass.fixes import load_table
+    from profclass.replay.notes import untraced_caveat
+
+    assert "after a, b the replayed step is paced" in untraced_caveat(90.0, 100.0, ("a", "b"))
+    assert "paced by that slower host" not in untraced_caveat(90.0, 100.0)
+    walls = {f["id"]: f["wall"] for f in load_table()}
+    seen = 0
+    for name in ("host_1gpu", "mcore_ep4_base", "mcore_tp2sp_ep2"):
+        d = diagnosis(name)
+        line = next((m for m in d.missing if m.startswith("replay: untraced_step_ms takes only")), None)
+        if line is None:
+            continue
+        seen += 1
+        want = [f["id"] for f in d.fixes if f.get("wall_after") == "host" and walls.get(f["id"]) != "host"]
+        named = line.split("; after ")[1].split(" the replayed step")[0].split(", ") if "; after " in line else []
+        assert set(named) >= set(want)  # every such chosen fix is named (the line also holds the plan's)
+        assert all(walls.get(i.split(":")[0]) != "host" for i in named)
+    assert seen >= 2

@@ -10,14 +10,20 @@ from .constants import UNTRACED_CAVEAT_SHARE
 UNTRACED_CAVEAT = "replay: untraced_step_ms takes only CUDA tracing's per-call cost off this host-paced step"
 
 
-def untraced_caveat(untraced: float, measured: float) -> str:
+def untraced_caveat(untraced: float, measured: float, host_after: tuple[str, ...] = ()) -> str:
     """What the step without the profiler leaves out where CUDA tracing's per-call cost moved the
     step (``constants.UNTRACED_CAVEAT_SHARE``; measured: docs/replay.md, "On the capture's own
-    machine")."""
-    return (f"{UNTRACED_CAVEAT} ({100 * (1 - untraced / measured):.0f}%); where it took 2% or more, jobs run again untraced on "
+    machine"). ``host_after``: fixes off the host wall whose replayed step is host-paced after
+    them: on a host faster than the replay's they gain more (docs/notes.md, call ME)."""
+    line = (f"{UNTRACED_CAVEAT} ({100 * (1 - untraced / measured):.0f}%); where it took 2% or more, jobs run again untraced on "
             f"their capture's machine ran a median 11% faster than that (26 of 37 over 5% faster), so the step "
             f"without the profiler is likely shorter than untraced_step_ms, and host-side prices larger than "
             f"the job banks (give the job's own step, --untraced-step-ms or --train-log, to calibrate the host)")
+    if host_after:
+        line += (f"; after {', '.join(host_after)} the replayed step is paced by that slower host, so where the "
+                 f"job's own host keeps ahead of the GPU they gain more than priced (a dense stage's gradient "
+                 f"accumulation: priced 6.7 and 8.4 ms/step, its untraced runs' fastest steps 9.8 and 14.7)")
+    return line
 
 
 def untraced_bound(calibration, untraced_ms: float, measured_ms: float, run_start: bool = False) -> str:

@@ -256,7 +256,9 @@ def replay_job(inp: ReplayInputs, chosen: list[dict], table: dict, verdict_wall:
     if r.calibration is not None and not r.calibration.reached:
         missing.append(f"replay: host calibration: {r.calibration.note}")
     if r.calibration is None and notes.host_paced(untraced_ms, measured):
-        missing.append(notes.untraced_caveat(section["untraced_step_ms"], measured))
+        host_after = tuple(i for i, p in prices.items()  # off the host wall, yet host-paced after
+                           if p.wall_after == "host" and table.get(p.id, {}).get("wall") != "host")
+        missing.append(notes.untraced_caveat(section["untraced_step_ms"], measured, host_after))
     return ReplayResult(section=section, prices=prices, plan=plan, missing=missing)
 
 
