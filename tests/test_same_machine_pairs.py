@@ -652,3 +652,22 @@ def test_call_me_measured_nothing_and_its_diff_read_the_work_as_the_notebook_rep
     diff = json.loads(_read("me_diffs.json", "ME"))
     assert diff["change"] == "improvement" and diff["step"]["delta_pct"] > 0  # raw: the step grew
     assert diff["step"]["work"]["ratio"] == 2.0 and diff["step"]["work"]["delta_pct"] < -3
+
+
+def test_call_me_floors_are_what_the_untraced_caveat_quotes():
+    """The report's caveat (replay.notes.untraced_caveat) quotes call ME's dense stage: priced 6.7
+    and 8.4 ms/step, its untraced runs' fastest steps giving 9.7 and 14.6 per the base's work. Those
+    floors fit one line (a micro-batch's time and a step's once-a-step time) at 2, 4 and 8
+    micro-batches, the GPU's pace, which the replay's slower host misses."""
+    from profclass.replay.notes import untraced_caveat
+
+    floor = {m: min(min(float(ms) for it, ms in judge_pairs.STEP.findall(_read(f"me_dense_h4k{s}_{r}.log", "ME"))
+                        if 50 <= int(it) <= 79) for r in ("u1", "u2"))
+             for m, s in ((2, ""), (4, "_m4"), (8, "_m8"))}
+    gains = [floor[2] - floor[k] * 2 / k for k in (4, 8)]
+    per_mb = [(floor[4] - floor[2]) / 2, (floor[8] - floor[4]) / 4]
+    assert abs(per_mb[0] - per_mb[1]) < 0.1 and round(per_mb[0], 1) == 10.2
+    prices = _stamped_before_the_twins("ME", "638892a7", diffs=1)
+    line = untraced_caveat(90.0, 100.0, ("x",))
+    assert (f"priced {prices['ME1']['best_ms']:.1f} and {prices['ME2']['best_ms']:.1f} ms/step, its untraced runs' "
+            f"fastest steps {gains[0]:.1f} and {gains[1]:.1f})") in line

@@ -22,7 +22,7 @@ def untraced_caveat(untraced: float, measured: float, host_after: tuple[str, ...
     if host_after:
         line += (f"; after {', '.join(host_after)} the replayed step is paced by that slower host, so where the "
                  f"job's own host keeps ahead of the GPU they gain more than priced (a dense stage's gradient "
-                 f"accumulation: priced 6.7 and 8.4 ms/step, its untraced runs' fastest steps 9.8 and 14.7)")
+                 f"accumulation: priced 6.7 and 8.4 ms/step, its untraced runs' fastest steps 9.7 and 14.6)")
     return line
 
 
