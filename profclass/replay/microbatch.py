@@ -30,11 +30,11 @@ def per_step_calls(t: GpuTrace) -> np.ndarray:
     side, k = t.ops.side, t.iterations
     if side is None or not len(c) or k < 1:
         return none
-    marked = np.flatnonzero(((side == FWD) | (side == BWD)) & (t.ops.launch >= 0))  # in start order
-    turns = np.flatnonzero((side[marked[:-1]] == BWD) & (side[marked[1:]] == FWD))
+    pairs = np.flatnonzero(((side == FWD) | (side == BWD)) & (t.ops.launch >= 0))  # pair kernels, in start order
+    turns = np.flatnonzero((side[pairs[:-1]] == BWD) & (side[pairs[1:]] == FWD))
     if not len(turns):
         return none
-    lo, hi = c[t.ops.launch[marked[turns]]], c[t.ops.launch[marked[turns + 1]]]
+    lo, hi = c[t.ops.launch[pairs[turns]]], c[t.ops.launch[pairs[turns + 1]]]
     # m turns a step (a whole window of k steps holds m k of them, one fewer where it opens or
     # closes on a step's own turn); of the m phases, the step's turn is the one the host spends
     # longest over
@@ -42,12 +42,12 @@ def per_step_calls(t: GpuTrace) -> np.ndarray:
     phase = int(np.argmax([(hi - lo)[p::m].sum() for p in range(min(m, len(turns)))]))
     steps = np.arange(phase, len(turns), m)
     lo, hi = lo[steps], hi[steps]
-    head, tail = _window_edges(side[marked], phase == m - 1, len(turns) - 1 - steps[-1] == m - 1)
+    head, tail = _window_edges(side[pairs], phase == m - 1, len(turns) - 1 - steps[-1] == m - 1)
     if head:
         lo = np.r_[np.iinfo(np.int64).min, lo]
-        hi = np.r_[c[t.ops.launch[marked[0]]], hi]
+        hi = np.r_[c[t.ops.launch[pairs[0]]], hi]
     if tail:
-        lo = np.r_[lo, c[t.ops.launch[marked[-1]]]]
+        lo = np.r_[lo, c[t.ops.launch[pairs[-1]]]]
         hi = np.r_[hi, np.iinfo(np.int64).max]
     j = np.searchsorted(lo, c, side="left") - 1
     return (j >= 0) & (c < hi[np.maximum(j, 0)])
