@@ -331,9 +331,18 @@ def _side_paths(value: str) -> list[str]:
               help="Significance level of the step-time test (Welch's t-test on per-iteration step times).")
 @click.option("--iteration-range", "iteration_regex", default=None, metavar="REGEX",
               help="Regex for NVTX ranges that mark one iteration.")
+@click.option("--base-log", default=None, metavar="FILE",
+              help="The base run's training log (Megatron-LM's 'elapsed time per iteration', NeMo's "
+                   "'train_step_timing in s', STEP_MS lines). With --candidate-log: the change is decided on the "
+                   "logs' iterations outside warm-up and the profiled range, not on the captured windows.")
+@click.option("--candidate-log", default=None, metavar="FILE", help="The candidate run's training log.")
+@click.option("--train-log-regex", "train_log_regex", default=None, callback=_log_regex, metavar="REGEX",
+              help="Both logs' iteration time for another format: a regex with one named group ms (or s) and "
+                   "optionally it (the iteration).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the report to this file instead of stdout.")
-def diff_cmd(sides, base_opt, cand_opt, fmt, fail_above, min_effect, alpha, iteration_regex, output):
+def diff_cmd(sides, base_opt, cand_opt, fmt, fail_above, min_effect, alpha, iteration_regex, base_log,
+             candidate_log, train_log_regex, output):
     """Compare a known-good run (BASE) with a new one (CANDIDATE): step time and its significance,
     the change per wall, the kernels that moved, communication and configuration changes.
 
@@ -349,8 +358,12 @@ def diff_cmd(sides, base_opt, cand_opt, fmt, fail_above, min_effect, alpha, iter
         base, cand = _side_paths(sides[0]), _side_paths(sides[1])
     else:
         raise click.UsageError(f"expected BASE CANDIDATE, got {len(sides)} argument(s)")
+    if (base_log is None) != (candidate_log is None) or (train_log_regex and base_log is None):
+        raise click.UsageError("give both --base-log and --candidate-log (--train-log-regex reads them), or neither")
+    logs = [_read_train_log(p, train_log_regex, ()) for p in (base_log, candidate_log)]
     try:
-        r = diff(base, cand, iteration_regex=iteration_regex, alpha=alpha, min_effect=min_effect / 100)
+        r = diff(base, cand, iteration_regex=iteration_regex, alpha=alpha, min_effect=min_effect / 100,
+                 base_log=logs[0], candidate_log=logs[1])
     except ProfileError as exc:
         _fail(exc)
     text = {"json": lambda: r.to_json() + "\n", "markdown": lambda: render_markdown(r),

@@ -28,7 +28,7 @@ from importlib import resources
 
 from .errors import ProfileError
 
-SCHEMA_VERSION = "2.34.0"
+SCHEMA_VERSION = "2.35.0"
 SCHEMA_KINDS = ("diagnose", "diff")
 HASH_CHUNK = 1 << 20  # sha256 of the inputs is streamed in 1 MiB chunks
 

@@ -21,6 +21,7 @@ from .fix_gains import side_settings, caveats, fix_gains, without_pauses
 from .saved import as_diagnosis
 from .split import split_step
 from .stats import ALPHA, MIN_EFFECT, step_test
+from .timer import read_logs, timer_note, timer_step, with_timer_gains
 
 KERNEL_MIN_MS = 0.005  # kernels below this on both sides are noise, not part of the change
 
@@ -52,9 +53,10 @@ class DiffResult:
 
     @property
     def judged_step(self) -> dict:
-        """What the decision judged: ``step.work`` (per the base's work) where the pair changed
-        the work a step, else ``step``; both carry ``delta_ms``, ``delta_pct`` and ``test``."""
-        return self.step.get("work") or self.step
+        """What the decision judged: ``step.timer`` where both runs' training logs were tested,
+        else ``step.work`` (per the base's work) where the pair changed the work a step, else
+        ``step``; each carries ``delta_ms``, ``delta_pct`` and ``test``."""
+        return judged_of(self.step)
 
     def to_dict(self) -> dict:
         return stamp(asdict(self))  # schema_version, profclass_version first (profclass.contract)
@@ -251,20 +253,37 @@ def _config_changes(b: Diagnosis, c: Diagnosis) -> list[dict]:
     return out
 
 
-def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, components: list[dict],
-             kernels: list[dict]) -> dict:
-    judged = step.get("work") or step  # per the base's work where the pair changed it
-    delta = judged["delta_ms"]
+def judged_of(step: dict) -> dict:
+    """The step comparison the decision reads (``DiffResult.judged_step``)."""
+    timer = step.get("timer")
+    return timer if timer and timer["test"] else step.get("work") or step
+
+
+def _head(step: dict, judged: dict) -> str:
+    """The measured change the verdict's sentence opens with."""
     t = judged["test"]
     test_txt = f"Welch {p_value(t['p_value'])}" if t["p_value"] is not None else t["method"]
-    head = (f"step {step['base_ms']:.1f} -> {step['candidate_ms']:.1f} ms "
+    work = step.get("work")
+    if judged is step.get("timer"):
+        per = "" if judged["work_ratio"] == 1.0 else f" per the base's work (x{judged['work_ratio']:g} the work a step)"
+        return (f"the runs' own timers (training logs, outside the profiler) {judged['base']['mean_ms']:.1f} -> "
+                f"{judged['base']['mean_ms'] + judged['delta_ms']:.1f} ms{per} ({judged['delta_pct']:+.1f}%; {test_txt}; "
+                f"{judged['base']['values']} and {judged['candidate']['values']} values); the captured windows "
+                f"{step['base_ms']:.1f} -> {step['candidate_ms']:.1f} ms")
+    if work is not None:
+        return (f"step {step['base_ms']:.1f} -> {step['candidate_ms']:.1f} ms for x{work['ratio']:g} the work a "
+                f"step, {work['candidate_ms_per_base_work']:.1f} ms per the base's work "
+                f"({work['delta_pct']:+.1f}%; {test_txt})")
+    return (f"step {step['base_ms']:.1f} -> {step['candidate_ms']:.1f} ms "
             f"({100 * (step['ratio'] - 1):+.1f}%, x{step['ratio']:.3f}; {test_txt})")
-    unit = "ms/step"
-    if judged is not step:
-        unit = "ms per the base's work"
-        head = (f"step {step['base_ms']:.1f} -> {step['candidate_ms']:.1f} ms for x{judged['ratio']:g} the work a "
-                f"step, {judged['candidate_ms_per_base_work']:.1f} ms per the base's work "
-                f"({judged['delta_pct']:+.1f}%; {test_txt})")
+
+
+def _verdict(step: dict, significant: bool, change: str, walls_delta: dict, components: list[dict],
+             kernels: list[dict]) -> dict:
+    judged = judged_of(step)
+    delta = judged["delta_ms"]
+    head = _head(step, judged)
+    unit = "ms/step" if step.get("work") is None else "ms per the base's work"
     sign = 1.0 if delta >= 0 else -1.0
     moves = {w: walls_delta[w] for w in WALLS}
     same_dir = {w: v for w, v in moves.items() if v * sign > 0}
@@ -313,6 +332,9 @@ def _lead_with_fix(verdict: dict, applied: list[dict], significant: bool, change
             f", predicted {first['predicted_gain_ms']:.1f} [{first['gain_low_ms']:.1f}, {first['gain_high_ms']:.1f}]")
     word = "Regression" if change == "regression" else "Improvement"
     gain, per = first["realized_gain_ms"], " per the base's work" if first["realized_per"] == "base work" else ""
+    if first.get("realized_gain_timer_ms") is not None:  # the runs' timers decided: their gain leads
+        gain = first["realized_gain_timer_ms"]
+        per += " by the runs' timers"
     lead = (f"{word} from a recognised change: {first['title']} ({first['detected_by']}) "
             f"{'saved' if gain >= 0 else 'cost'} {abs(gain):.1f} ms/step{per}{pred}, charged to the {wall} wall")
     rest = verdict["summary"].split(": ", 1)[1] if ": " in verdict["summary"] else verdict["summary"]
@@ -348,26 +370,37 @@ def _per_work(step_work: dict, xb: list, xc: list, alpha: float, min_effect: flo
                 test=step_test(xb, yc, alpha=alpha, min_effect=min_effect))
 
 
+def _windows_step(b: Diagnosis, c: Diagnosis, xb: list, xc: list, alpha: float, min_effect: float) -> dict:
+    """``step``: both captured windows' mean step, spread and their test."""
+    mb, mc = float(np.mean(xb)), float(np.mean(xc))
+    ratio = mc / mb if mb > 0 else float("nan")
+    return dict(base_ms=round(mb, 3), candidate_ms=round(mc, 3), delta_ms=round(mc - mb, 3),
+                delta_pct=round(100 * (ratio - 1), 3), ratio=round(ratio, 4),
+                base_std_ms=b.window["step_ms"]["std"], candidate_std_ms=c.window["step_ms"]["std"],
+                base_iterations=len(xb), candidate_iterations=len(xc),
+                test=step_test(xb, xc, alpha=alpha, min_effect=min_effect))
+
+
 def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALPHA,
-         min_effect: float = MIN_EFFECT) -> DiffResult:
-    """Compare a base run with a candidate run. Raises ProfileError on bad input."""
+         min_effect: float = MIN_EFFECT, base_log=None, candidate_log=None) -> DiffResult:
+    """Compare a base run with a candidate run. Raises ProfileError on bad input.
+    ``base_log``, ``candidate_log``: both runs' training logs (paths or ``train_log.TrainLog``s),
+    whose iterations outside the profiler decide the change (``step.timer``; diff/timer.py)."""
+    logs = read_logs(base_log, candidate_log)
     b = as_diagnosis(base, iteration_regex)
     c = as_diagnosis(candidate, iteration_regex)
     xb, xc = b.window["step_ms"]["per_iteration"], c.window["step_ms"]["per_iteration"]
     mb, mc = float(np.mean(xb)), float(np.mean(xc))
-    test = step_test(xb, xc, alpha=alpha, min_effect=min_effect)
-    ratio = mc / mb if mb > 0 else float("nan")
-    step = dict(base_ms=round(mb, 3), candidate_ms=round(mc, 3), delta_ms=round(mc - mb, 3),
-                delta_pct=round(100 * (ratio - 1), 3), ratio=round(ratio, 4),
-                base_std_ms=b.window["step_ms"]["std"], candidate_std_ms=c.window["step_ms"]["std"],
-                base_iterations=len(xb), candidate_iterations=len(xc), test=test)
+    step = _windows_step(b, c, xb, xc, alpha, min_effect)
     sb, sc = side_settings(b), side_settings(c)
     sizes_b, sizes_c = b.layout.get("sizes") or {}, c.layout.get("sizes") or {}
     step_work = work.step_work(sb, sc, sizes_b, sizes_c)
     # a measure equal on both sides is no change of work: judged as measured
     same = step_work is None or step_work["ratio"] == 1.0
     step["work"] = None if same else _per_work(step_work, xb, xc, alpha, min_effect)
-    significant, regression, improvement, change = _decision(step["work"] or step)
+    step["timer"] = None if logs is None else timer_step(
+        logs, (run_flags(b.config), run_flags(c.config)), 1.0 if same else step_work["ratio"], alpha, min_effect)
+    significant, regression, improvement, change = _decision(judged_of(step))
     walls = {w: dict(base_ms=b.walls[w]["ms_per_step"], candidate_ms=c.walls[w]["ms_per_step"],
                      delta_ms=round(c.walls[w]["ms_per_step"] - b.walls[w]["ms_per_step"], 3),
                      base_share=b.walls[w]["share"], candidate_share=c.walls[w]["share"]) for w in WALLS}
@@ -382,7 +415,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     for name, d in (("base", b), ("candidate", c)):
         if d.window["source"] == "whole":
             notes.append(f"{name}: no iterations found (whole capture used), so its step time has no spread")
-    notes += saved_side_notes(b, c) + work.global_batch_note(step_work, sizes_b, sizes_c)
+    notes += saved_side_notes(b, c) + work.global_batch_note(step_work, sizes_b, sizes_c) + timer_note(step["timer"])
     causes = attribute(b, c)
     # a rise in waiting is the waited-for rank's wall, not communication
     verdict_deltas = causes["walls_delta_ms"] if causes and causes["charged"] else walls_delta
@@ -394,7 +427,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     applied = fix_gains(b, c, (sb, sc), mb, mc, rb, step_work)
     table = {f["id"]: f for f in load_table()}
     step["split"] = split_step(b, c, mc - mb, applied, table, rb)
-    applied = without_pauses(applied, step["split"], table)
+    applied = with_timer_gains(without_pauses(applied, step["split"], table), step["timer"])
     notes += caveats(applied)
     verdict = _lead_with_fix(_verdict(step, significant, change, verdict_deltas, v_components, v_kernels), applied,
                              significant, change, (getattr(b, "pipeline", None) or {}).get("stages") == 1, table)

@@ -416,6 +416,10 @@ def fix_gain_lines(rows: list[dict]) -> list[str]:
         steady = "" if steady is None else f", {steady:.1f} without the collector's pauses"
         nxt = r.get("predicted_wall_after")
         nxt = "" if nxt is None else f"; then the {nxt} wall predicted, the candidate's path: {r.get('candidate_wall') or '?'}"
+        timed = r.get("realized_gain_timer_ms")
+        timed = "" if timed is None else (f"; by the runs' timers {timed:.1f}"
+                                          + ("" if r["within_range_timer"] is None else
+                                             " (inside the range)" if r["within_range_timer"] else " (outside the range)"))
         out.append(f"{r['title']} ({r['detected_by']}): {pred}{kept}; realized {r['realized_gain_ms']:.1f} ms/step"
-                   f"{per}{where}{steady}{nxt}")
+                   f"{per}{where}{steady}{timed}{nxt}")
     return out

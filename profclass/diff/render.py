@@ -7,9 +7,10 @@ from ..classify import WALLS
 from ..formatting import md_cell, p_value, shorten, signed_ms
 from ..kernels import collective_label
 from ..pitfalls import how_to_fix
-from .compare import DiffResult
+from .compare import DiffResult, judged_of
 from .fix_gains import fix_gain_lines
 from .split import split_lines
+from .timer import timer_line
 
 
 def one_line(r: DiffResult) -> str:
@@ -18,18 +19,20 @@ def one_line(r: DiffResult) -> str:
     sig = "significant" if r.significant else "not significant"
     wall = f", {r.verdict['wall']} {signed_ms(r.walls_delta_ms[r.verdict['wall']])} ms/step" if r.verdict["wall"] else ""
     per = "" if s.get("work") is None else f" per the base's work, x{s['work']['ratio']:g} the work a step"
+    per += " by the runs' timers" if r.judged_step is s.get("timer") else ""
     return (f"vs baseline: {r.change}, step {s['base_ms']:.1f} -> {s['candidate_ms']:.1f} ms "
             f"({r.judged_step['delta_pct']:+.1f}%{per}, {sig}{wall})")
 
 
-def work_line(w: dict) -> str:
-    """``step.work`` in words: the measure, both sides' work and the test per the base's work."""
+def work_line(w: dict, decides: bool = True) -> str:
+    """``step.work`` in words: the measure, both sides' work and the test per the base's work
+    (``decides``: the decision is judged on it, not on the runs' timers)."""
     t = w["test"]
     ci = f", 95% CI [{t['ci95_delta_ms'][0]:+.2f}, {t['ci95_delta_ms'][1]:+.2f}] ms" if t["ci95_delta_ms"] else ""
     return (f"Work: the candidate does x{w['ratio']:g} the base's work a step ({w['measure']}: {w['basis']}); "
             f"per the base's work its step is {w['candidate_ms_per_base_work']:.2f} ms ({w['delta_pct']:+.1f}%), "
-            f"{t['method']}, {p_value(t['p_value'])}{ci}: the decision is judged on this. The tables are per step, "
-            f"as measured")
+            f"{t['method']}, {p_value(t['p_value'])}{ci}{': the decision is judged on this' if decides else ''}. "
+            f"The tables are per step, as measured")
 
 
 def _esc(text: str) -> str:
@@ -57,7 +60,9 @@ def render_text(r: DiffResult, width: int = 120, top: int = 12) -> str:
     p = p_value(t["p_value"])
     con.print(_esc(f"Test: {t['method']}, {p}{ci}; significant needs p<{t['alpha']} and |change|>={t['min_effect_pct']:g}%"))
     if s.get("work"):
-        con.print(_esc(work_line(s["work"]) + "."))
+        con.print(_esc(work_line(s["work"], judged_of(s) is s["work"]) + "."))
+    if s.get("timer"):
+        con.print(_esc(timer_line(s["timer"]) + "."))
     _print_walls(con, r)
     if r.causes:
         con.print(_esc(f"Waiting vs transfer: {r.causes['summary']}."))
@@ -143,7 +148,8 @@ def render_markdown(r: DiffResult, top: int = 10) -> str:
              f"| iterations | {s['base_iterations']} | {s['candidate_iterations']} |", "",
              f"Ratio {s['ratio']:.4f}; {t['method']}, {p}; significant: **{'yes' if r.significant else 'no'}** "
              f"(needs p<{t['alpha']} and a change of at least {t['min_effect_pct']:g}%).", "",
-             *([md_cell(work_line(s["work"])) + ".", ""] if s.get("work") else []),
+             *([md_cell(work_line(s["work"], judged_of(s) is s["work"])) + ".", ""] if s.get("work") else []),
+             *([md_cell(timer_line(s["timer"])) + ".", ""] if s.get("timer") else []),
              "| wall | base ms/step | candidate ms/step | delta |", "|---|---:|---:|---:|"]
     lines += [f"| {w} | {r.walls[w]['base_ms']:.2f} | {r.walls[w]['candidate_ms']:.2f} | "
               f"{signed_ms(r.walls[w]['delta_ms'])} |" for w in WALLS]
