@@ -18,6 +18,7 @@ from profclass.train_log import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "fixtures"))
+sys.path.insert(0, str(ROOT / "workloads"))
 import diff_decisions  # noqa: E402
 import gain_pairs  # noqa: E402
 
@@ -119,7 +120,7 @@ def test_cli_reads_another_format_with_a_regex(tmp_path):
 
 
 def test_the_decisions_table_in_the_docs_is_what_the_timers_give():
-    """fixtures/diff_decisions.py, recomputed: each pair decided on its first untraced replicate's
+    """workloads/diff_decisions.py, recomputed: each pair decided on its first untraced replicate's
     logs against its second replicate's outcome; docs/diff.md quotes the count."""
     rows = diff_decisions.timer_rows()
     hits = sum(r["decided"] == r["outcome"] for r in rows)

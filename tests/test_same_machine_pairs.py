@@ -52,7 +52,7 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "JA": "fixtures/timers/s50/", "KA": "fixtures/timers/s54/",
         "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/", "MA": "fixtures/timers/s56/",
         "MB": "fixtures/timers/s57/", "MC": "fixtures/timers/s57/", "MD": "fixtures/timers/s58/",
-        "ME": "fixtures/timers/s58/"}
+        "ME": "fixtures/timers/s58/", "MF": "fixtures/timers/s59/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
@@ -671,3 +671,37 @@ def test_call_me_floors_are_what_the_untraced_caveat_quotes():
     line = untraced_caveat(90.0, 100.0, ("x",))
     assert (f"priced {prices['ME1']['best_ms']:.1f} and {prices['ME2']['best_ms']:.1f} ms/step, its untraced runs' "
             f"fastest steps {gains[0]:.1f} and {gains[1]:.1f})") in line
+
+
+def test_call_mf_judged_from_its_logs_as_the_notebook_reports():
+    """Call MF (fifty-ninth session): diff's decision, on the captured windows and with the capture
+    runs' own logs, written before any untraced run on a one-GPU MoE stage. The truth is the
+    construction (two captures of one configuration: no change) or the untraced timers' change
+    (no change within 3% of the base's step, else its sign); all four decisions are right either
+    way. The recompute-off price lands in its range and misses the target (17.29 against 12.34):
+    its traced price is the traced gain, its untraced base step is 4.7% slower than the runs."""
+    prices = _stamped_before_the_twins("MF", "93ae6513", diffs=4)
+    assert prices["MF1"]["best_ms"] == 17.29 and prices["MF2"]["best_ms"] is None  # no EP: no routing price
+    read = lambda name: _read(name, "MF")  # noqa: E731
+    (j,) = judge_pairs.judge_call(prices, read, 50, 79, ["MF1=mf:mf_moe1_bal_rc:md_moe1_bal"])
+    assert (j["measured"], j["in_range"], j["within"]) == (True, True, False) and round(j["realized"], 2) == 12.34
+    runs = {c: [judge_pairs.run_mean(read(f"mf_{c}_u{r}.log"), 50, 79) for r in (1, 2)]
+            for c in ("md_moe1_bal", "mf_moe1_bal_rc", "md_moe1_lrn")}
+    assert all(max(v) / min(v) - 1 <= judge_pairs.AGREE for v in runs.values())  # every pair measured
+
+    def truth(base: str, cand: str) -> str:
+        b, c = sum(runs[base]) / 2, sum(runs[cand]) / 2
+        return "no significant change" if abs(c - b) <= 0.03 * b else ("regression" if c > b else "improvement")
+
+    expected = {"twin": "no significant change", "rc_off": truth("mf_moe1_bal_rc", "md_moe1_bal"),
+                "rc_on": truth("md_moe1_bal", "mf_moe1_bal_rc"), "learned": truth("md_moe1_bal", "md_moe1_lrn")}
+    assert list(expected.values()) == ["no significant change", "improvement", "regression", "regression"]
+    diffs = json.loads(read("mf_diffs.json"))
+    for name, want in expected.items():
+        assert diffs[name]["change"] == diffs[f"{name}_logs"]["change"] == want, name
+        assert "timer" not in diffs[name] and diffs[f"{name}_logs"]["timer"]["values"] == [50, 50]
+    assert diffs["rc_off"]["fix"] == diffs["rc_off_logs"]["fix"] == ["recompute_off"]  # led by the recognised change
+    # the logs' change is nearer the untraced one than the traced windows' on every changed pair
+    for name, (base, cand) in (("rc_on", ("md_moe1_bal", "mf_moe1_bal_rc")), ("learned", ("md_moe1_bal", "md_moe1_lrn"))):
+        untraced = 100 * (sum(runs[cand]) / sum(runs[base]) - 1)
+        assert abs(diffs[f"{name}_logs"]["timer"]["delta_pct"] - untraced) < abs(diffs[name]["delta_pct"] - untraced)
