@@ -86,6 +86,8 @@ def test_a_log_with_too_few_values_leaves_the_decision_to_the_windows(diagnosis,
     assert r.change == diff(b, c).change and r.judged_step is r.step
     assert any("short.log" in n and "not tested" in n for n in r.notes)
     assert all(row["realized_gain_timer_ms"] is None for row in r.fix_gains)
+    with pytest.raises(ValueError, match="both runs' training logs"):  # one timer has nothing to compare with
+        diff(b, c, base_log=short)
 
 
 def test_cli_logs_usage_and_bad_input(tmp_path):

@@ -18,7 +18,7 @@ from .stats import step_test
 
 def _used(log: TrainLog, step: TrainLogStep) -> np.ndarray:
     """The log's values that the step uses (outside warm-up, the profiled ranges and the asked ones)."""
-    return np.array([v for v, why in zip(log.values_ms, step.left_out) if not why], dtype=float)
+    return np.asarray(log.values_ms, dtype=float)[np.asarray(step.left_out, dtype=object) == ""]
 
 
 def _side(step: TrainLogStep, values: np.ndarray) -> dict:
@@ -49,21 +49,22 @@ def timer_note(timer: dict | None) -> list[str]:
     """The ``notes[]`` line where logs were given but one of them left too few values to test."""
     if timer is None or timer["test"] is not None:
         return []
-    short = [f"{side} log {timer[side]['source']}" for side in ("base", "candidate")
+    short = [f"{side}: {timer[side]['source']}" for side in ("base", "candidate")
              if timer[side]["values"] < MIN_VALUES]
     return [f"the training logs were not tested (fewer than {MIN_VALUES} values outside warm-up and the profiled "
             f"range: {'; '.join(short)}): the decision is the captured windows'"]
 
 
-def read_logs(base_log, candidate_log, regex: str | None = None) -> tuple[TrainLog, TrainLog] | None:
-    """Both logs (paths or ``TrainLog``s) read, or None where neither is given; ValueError where
-    only one is (a timer on one side has nothing to be compared with)."""
+def read_logs(base_log, candidate_log) -> tuple[TrainLog, TrainLog] | None:
+    """Both logs (paths, read in the formats profclass knows, or ``TrainLog``s: ``train_log.read``
+    with a regex of one's own) read, or None where neither is given; ValueError where only one is
+    (a timer on one side has nothing to be compared with)."""
     if base_log is None and candidate_log is None:
         return None
     if base_log is None or candidate_log is None:
         raise ValueError("give both runs' training logs (base_log and candidate_log), or neither")
     from ..train_log import read
-    return tuple(log if isinstance(log, TrainLog) else read(log, regex=regex) for log in (base_log, candidate_log))
+    return tuple(log if isinstance(log, TrainLog) else read(log) for log in (base_log, candidate_log))
 
 
 def with_timer_gains(rows: list[dict], timer: dict | None) -> list[dict]:
