@@ -400,18 +400,23 @@ def diff_cmd(sides, base_opt, cand_opt, fmt, fail_above, min_effect, alpha, iter
               help="The job's own step time without the profiler (its timer over iterations outside the "
                    "capture): the replay calibrates the host's speed to it before pricing the fixes.")
 @train_log_options
+@click.option("--baseline-log", default=None, metavar="FILE",
+              help="The baseline run's training log: with --train-log, the diff against --baseline is decided on "
+                   "both runs' iteration times outside the profiler (docs/diff.md).")
 def hook(profiles, out_dir, baseline, fail_on, fail_above, min_effect, iteration_regex, strict, untraced_step_ms,
-         train_log, train_log_regex, train_log_skip):
+         train_log, train_log_regex, train_log_skip, baseline_log):
     """Post-job hook: diagnose PROFILES (one job), write <profile>.profclass.json and .md beside
     it, print one line for the training log. Exits 0 unless --fail-on / --fail-above (or
     --strict) asks otherwise: it never fails the job on its own."""
     one_heap()
     check_train_log(train_log, train_log_regex, train_log_skip, untraced_step_ms)
+    if baseline_log is not None and not (baseline and train_log):
+        raise click.UsageError("--baseline-log is compared with the job's --train-log in the diff against --baseline")
     from .hook import run_hook
     res = run_hook(list(profiles), out=out_dir, baseline=list(baseline), fail_on=fail_on,
                    fail_above=fail_above, iteration_regex=iteration_regex, strict=strict,
                    min_effect=min_effect / 100, untraced_step_ms=untraced_step_ms, train_log=train_log,
-                   train_log_regex=train_log_regex, train_log_skip=train_log_skip)
+                   train_log_regex=train_log_regex, train_log_skip=train_log_skip, baseline_log=baseline_log)
     for m in res.messages:
         click.echo(m, err=True)
     if res.diagnosis is not None:

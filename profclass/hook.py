@@ -117,6 +117,19 @@ def _read_train_log(path, regex: str | None, skip) -> tuple[object, str | None]:
         return None, f"profclass: error: {exc}"
 
 
+def _timer_logs(baseline_log, log, regex: str | None, messages: list[str]) -> dict:
+    """diff's ``base_log`` and ``candidate_log`` where the baseline's training log and the job's
+    are both at hand (the decision is then theirs, docs/diff.md); none otherwise, with a message
+    where the baseline's log cannot be read (the diff goes on with the captured windows)."""
+    if baseline_log is None or log is None:
+        return {}
+    base, error = _read_train_log(baseline_log, regex, ())
+    if error:
+        messages.append(f"{error}; the baseline diff is decided on the captured windows")
+        return {}
+    return dict(base_log=base, candidate_log=log)
+
+
 def _diagnosed(paths: list[str], bad_input: int, **options):
     """(the Diagnosis, None), or (None, the HookResult saying why there is none)."""
     from .pipeline import diagnose
@@ -132,13 +145,14 @@ def _diagnosed(paths: list[str], bad_input: int, **options):
 def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_above: float | None = None,
              iteration_regex: str | None = None, strict: bool = False, min_effect: float | None = None,
              alpha: float | None = None, untraced_step_ms: float | None = None, train_log=None,
-             train_log_regex: str | None = None, train_log_skip=()) -> HookResult:
+             train_log_regex: str | None = None, train_log_skip=(), baseline_log=None) -> HookResult:
     """Diagnose ``profiles`` (one job: a file, rank files or a directory), optionally diff it
     against ``baseline`` (profile paths or a stored diagnosis JSON), write the JSON and
     Markdown reports and return the one-line summary and the exit code the job should use.
     ``untraced_step_ms``: the job's own step without the profiler (``diagnose``'s); or
     ``train_log``: the job's training log (a path; ``train_log_regex``, ``train_log_skip``: how
-    to read it, profclass.train_log), which, unreadable, is bad input the hook goes on without."""
+    to read it, profclass.train_log), which, unreadable, is bad input the hook goes on without;
+    with ``baseline_log`` (the baseline run's log) the diff is decided on both logs."""
     from . import report
     from .version import __version__
     from .contract import input_hashes, stamp
@@ -162,7 +176,8 @@ def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_a
         try:
             r = diff(baseline, d, iteration_regex=iteration_regex,
                      alpha=ALPHA if alpha is None else alpha,
-                     min_effect=MIN_EFFECT if min_effect is None else min_effect)
+                     min_effect=MIN_EFFECT if min_effect is None else min_effect,
+                     **_timer_logs(baseline_log, log, train_log_regex, messages))
             line += "; " + diff_line(r)
         except ProfileError as exc:
             messages.append(f"profclass: error: baseline: {exc}")

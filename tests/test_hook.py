@@ -181,3 +181,32 @@ def test_report_stem():
     assert report_stem(["/a/b/run.sqlite.zst"]) == ("/a/b", "run")
     assert report_stem(["/a/b/job_rank0.sqlite", "/a/b/job_rank1.sqlite"]) == ("/a/b", "job")
     assert report_stem(["/a/b/rank0.sqlite", "/a/b/rank1.sqlite"]) == ("/a/b", "profile")
+
+
+def test_hook_diff_decided_on_both_runs_logs(job):
+    """Drop-and-pad against its dropless baseline: the captured windows (two iterations a side)
+    cannot call the 22% change; with the job's log (--train-log) and the baseline's
+    (--baseline-log), call IA's untraced reruns, the hook's diff calls it an improvement, as the
+    other replicate's runs have it (docs/diff.md)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+    import gain_pairs
+    logs = {}
+    for side, name in (("base", "ia_ia_moe1_learned_u1.log"), ("job", "ia_ia_moe1_capacity_u1.log")):
+        logs[side] = job / name
+        logs[side].write_text(gain_pairs.timer_text(f"fixtures/timers/s49/{name}"))
+    prof = copy_profile("mcore_moe1_padded", job)
+    base = str(profile_path("mcore_moe1_dropless"))
+    p = run_api(job, profiles=str(prof), baseline=base, train_log=str(logs["job"]), baseline_log=str(logs["base"]))
+    assert p.returncode == 0, p.stderr
+    assert "vs baseline: improvement" in p.stdout and "by the runs' timers" in p.stdout
+    doc = json.loads((job / "mcore_moe1_padded.profclass.json").read_text())
+    assert doc["diff"]["step"]["timer"]["test"]["significant"] and doc["diff"]["step"]["test"]["significant"] is False
+    # an unreadable baseline log: the diff goes on with the windows, and says so
+    p = run_api(job, profiles=str(prof), baseline=base, train_log=str(logs["job"]), baseline_log=str(job / "none.log"),
+                out=str(job / "nolog"))
+    assert p.returncode == 0 and "decided on the captured windows" in p.stderr
+    assert "vs baseline: no significant change" in p.stdout
+    # the CLI refuses a baseline log with nothing to compare it with
+    cli = subprocess.run(f"{profclass_cmd()} hook {prof} --baseline {base} --baseline-log {logs['base']}",
+                         shell=True, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 2 and "--baseline-log" in cli.stderr
