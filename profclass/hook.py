@@ -147,12 +147,11 @@ def run_hook(profiles, out: str | None = None, baseline=None, fail_on=(), fail_a
              alpha: float | None = None, untraced_step_ms: float | None = None, train_log=None,
              train_log_regex: str | None = None, train_log_skip=(), baseline_log=None) -> HookResult:
     """Diagnose ``profiles`` (one job: a file, rank files or a directory), optionally diff it
-    against ``baseline`` (profile paths or a stored diagnosis JSON), write the JSON and
-    Markdown reports and return the one-line summary and the exit code the job should use.
-    ``untraced_step_ms``: the job's own step without the profiler (``diagnose``'s); or
-    ``train_log``: the job's training log (a path; ``train_log_regex``, ``train_log_skip``: how
-    to read it, profclass.train_log), which, unreadable, is bad input the hook goes on without;
-    with ``baseline_log`` (the baseline run's log) the diff is decided on both logs."""
+    against ``baseline`` (profile paths or a stored diagnosis JSON), write the JSON and Markdown
+    reports and return the one-line summary and the exit code the job should use.
+    ``untraced_step_ms``: the job's own step without the profiler (``diagnose``'s); or ``train_log``:
+    the job's training log (a path; ``train_log_regex``, ``train_log_skip``: how to read it), which,
+    unreadable, is bad input the hook goes on without; with ``baseline_log``, both logs decide the diff."""
     from . import report
     from .version import __version__
     from .contract import input_hashes, stamp
