@@ -160,7 +160,7 @@ def test_more_micro_batches_on_one_stage_are_charged_to_the_wall_they_moved(one_
     """More micro-batches of one size are the pipeline bubble's lever (communication, the fix's
     wall) only where there is a pipeline; on one stage (call MC's MoE pair: the host wall moved
     most per the base's work) the verdict keeps the wall the change moved most."""
-    from profclass.diff.compare import _lead_with_fix
+    from profclass.diff.verdict import lead_with_fix
     from profclass.fixes import load_table
 
     measured = {"kind": "improvement", "wall": "host", "summary": "Improvement: step 96.4 -> 132.8 ms"}
@@ -168,5 +168,5 @@ def test_more_micro_batches_on_one_stage_are_charged_to_the_wall_they_moved(one_
            "predicted_gain_ms": 14.2, "gain_low_ms": 13.9, "gain_high_ms": 14.7, "realized_gain_ms": 30.0,
            "realized_per": "base work"}
     table = {f["id"]: f for f in load_table()}
-    v = _lead_with_fix(measured, [row], True, "improvement", one_stage, table)
+    v = lead_with_fix(measured, [row], True, "improvement", one_stage, table)
     assert v["wall"] == wall and v["summary"].endswith(f"charged to the {wall} wall. Measured: step 96.4 -> 132.8 ms")

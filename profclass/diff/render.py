@@ -7,7 +7,8 @@ from ..classify import WALLS
 from ..formatting import md_cell, p_value, shorten, signed_ms
 from ..kernels import collective_label
 from ..pitfalls import how_to_fix
-from .compare import DiffResult, judged_of
+from .compare import DiffResult
+from .verdict import judged_of
 from .fix_gains import fix_gain_lines
 from .split import split_lines
 from .timer import timer_line
