@@ -282,9 +282,10 @@ def _per_work(step_work: dict, xb: list, xc: list, alpha: float, min_effect: flo
                 test=step_test(xb, yc, alpha=alpha, min_effect=min_effect))
 
 
-def _windows_step(b: Diagnosis, c: Diagnosis, xb: list, xc: list, alpha: float, min_effect: float) -> dict:
-    """``step``: both captured windows' mean step, spread and their test."""
-    mb, mc = float(np.mean(xb)), float(np.mean(xc))
+def _windows_step(b: Diagnosis, c: Diagnosis, xb: list, xc: list, means: tuple[float, float], alpha: float,
+                  min_effect: float) -> dict:
+    """``step``: both captured windows' mean step (``means``: of ``xb`` and ``xc``), spread and their test."""
+    mb, mc = means
     ratio = mc / mb if mb > 0 else float("nan")
     return dict(base_ms=round(mb, 3), candidate_ms=round(mc, 3), delta_ms=round(mc - mb, 3),
                 delta_pct=round(100 * (ratio - 1), 3), ratio=round(ratio, 4),
@@ -303,7 +304,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     c = as_diagnosis(candidate, iteration_regex)
     xb, xc = b.window["step_ms"]["per_iteration"], c.window["step_ms"]["per_iteration"]
     mb, mc = float(np.mean(xb)), float(np.mean(xc))
-    step = _windows_step(b, c, xb, xc, alpha, min_effect)
+    step = _windows_step(b, c, xb, xc, (mb, mc), alpha, min_effect)
     sb, sc = side_settings(b), side_settings(c)
     sizes_b, sizes_c = b.layout.get("sizes") or {}, c.layout.get("sizes") or {}
     step_work = work.step_work(sb, sc, sizes_b, sizes_c)
