@@ -222,10 +222,10 @@ def test_the_hook_reads_the_jobs_log_and_goes_on_without_an_unreadable_one(tmp_p
 
 
 def test_the_corpus_scripts_read_the_workload_logs_as_before():
-    """fixtures/calibrated_pairs.py's given step (the capture run's untraced steps 2 up to the
+    """workloads/calibrated_pairs.py's given step (the capture run's untraced steps 2 up to the
     first captured one) and gain_pairs.py's captured median, now through profclass.train_log,
     against their former regexes, on every corpus profile with a timer log."""
-    spec = importlib.util.spec_from_file_location("calibrated_pairs", ROOT / "fixtures" / "calibrated_pairs.py")
+    spec = importlib.util.spec_from_file_location("calibrated_pairs", ROOT / "workloads" / "calibrated_pairs.py")
     cp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cp)
     checked = 0
