@@ -52,7 +52,7 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "JA": "fixtures/timers/s50/", "KA": "fixtures/timers/s54/",
         "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/", "MA": "fixtures/timers/s56/",
         "MB": "fixtures/timers/s57/", "MC": "fixtures/timers/s57/", "MD": "fixtures/timers/s58/",
-        "ME": "fixtures/timers/s58/", "MF": "fixtures/timers/s59/"}
+        "ME": "fixtures/timers/s58/", "MF": "fixtures/timers/s59/", "MG": "fixtures/timers/s60/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
@@ -705,3 +705,18 @@ def test_call_mf_judged_from_its_logs_as_the_notebook_reports():
     for name, (base, cand) in (("rc_on", ("md_moe1_bal", "mf_moe1_bal_rc")), ("learned", ("md_moe1_bal", "md_moe1_lrn"))):
         untraced = 100 * (sum(runs[cand]) / sum(runs[base]) - 1)
         assert abs(diffs[f"{name}_logs"]["timer"]["delta_pct"] - untraced) < abs(diffs[name]["delta_pct"] - untraced)
+
+
+def test_call_mg_judged_from_its_logs_as_the_notebook_reports():
+    """Call MG (sixtieth session): MF1 and ME1 priced again on a fresh machine before any untraced
+    run. MG1 (recompute off) is not measured: its base's two runs are 5.6% apart (its gain 16.04,
+    inside 18.75 [12.08, 22.58] all the same); MG2 (the dense stage's micro-batches x2, per the base's
+    work) is measured, inside its range and within target (8.38 against 7.2; ME's replicates of it
+    were never measured)."""
+    prices = _stamped_before_the_twins("MG", "6ceff1ca", diffs=0)
+    assert [prices[k]["best_ms"] for k in ("MG1", "MG2")] == [18.75, 7.2]
+    got = judge_pairs.judge_call(prices, lambda name: _read(name, "MG"), 50, 79,
+                                 ["MG1=mg:mf_moe1_bal_rc:md_moe1_bal", "MG2=mg:me_dense_h4k:me_dense_h4k_m4/2"])
+    assert [j["measured"] for j in got] == [False, True]
+    assert round(100 * max(got[0]["apart"]), 1) == 5.6 and round(got[0]["realized"], 2) == 16.04
+    assert (got[1]["in_range"], got[1]["within"], round(got[1]["realized"], 2)) == (True, True, 8.38)
