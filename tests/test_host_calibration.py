@@ -92,6 +92,19 @@ def test_the_solver_meets_what_the_host_can_reach_and_nothing_else(shape, given,
     assert c.reached_step_ms == pytest.approx(step(c.host_factor))
 
 
+def test_out_of_reach_says_whether_a_gpu_floor_or_the_range_stops_it():
+    """A given step a faster host than the range's cannot meet: one replay at BEYOND tells a GPU
+    floor (no host meets it) from a host tracing slowed more than the range allows (call MG's dense
+    stage, whose own log needed x0.44); either way the host is left as replayed."""
+    floor = calibrate.solve(lambda f: max(95.0, 100.0 * f), 80.0)
+    assert (floor.host_factor, floor.reached) == (1.0, False)
+    assert "10x faster 95.0: the GPU's own time sets the step there" in floor.note
+    short = calibrate.solve(lambda f: 100.0 * f, 37.0)
+    assert (short.host_factor, short.reached) == (1.0, False)
+    assert "10x faster 10.0: a host between those would meet it" in short.note
+    assert "the host is left as replayed (100.0 ms)" in short.note
+
+
 def test_cli_writes_the_calibration_into_the_json_and_the_reports():
     path = str(profile_path(HOST_PACED))
     run = CliRunner().invoke(main, ["diagnose", "-q", "--format", "json", path, "--untraced-step-ms", "26"])

@@ -25,6 +25,10 @@ from typing import Callable
 # (no factor explains it: the GPU's own time sets the step, or the step is another job's), and
 # says so.
 FACTOR_RANGE = (0.5, 2.0)
+# Where a given step needs a host faster than the range, one replay this much faster says whether
+# any host could meet it (a GPU floor) or the range stops short (the report says which); on call
+# MG's dense stage the step at x0.2 is within 1% of the GPU-only floor (x0.1), so x0.1 is the floor
+BEYOND = 0.1
 # A given step this close to the replay's own (a share of it) leaves the host as replayed: a
 # training log's iteration times of one configuration scatter about as much run to run (call
 # BB's dense stage's untraced steps before tracing: 450-520 ms; AW's dense stage held within
@@ -78,14 +82,29 @@ def solve(step_at: Callable[[float], float], given_ms: float, traced_ms: float |
     far = FACTOR_RANGE[0] if faster else FACTOR_RANGE[1]
     end = step_at(far)
     if (end > given_ms) if faster else (end < given_ms):
-        return left(f"the given step ({given_ms:.1f} ms) is out of the host's reach: with the host "
-                    f"{max(far, 1 / far):g}x {'faster' if faster else 'slower'} the replay without the profiler "
-                    f"runs {end:.1f} ms (the GPU's own time sets the step there, or the given step is another "
-                    f"job's); the host is left as replayed ({own:.1f} ms)", False)
+        return left(_out_of_reach(step_at, given_ms, own, far, end), False)
     f, s_f = _solve_bracketed(step_at, given_ms, min(far, 1.0), max(far, 1.0), own, end)
     return HostCalibration(given_ms, own, f, s_f, (
         f"the host's time without the profiler x{f:.3f}, so that the replayed step meets the given "
         f"{given_ms:.1f} ms (the replay's own: {own:.1f}); every fix is priced on that host"), True, source)
+
+
+def _out_of_reach(step_at, given_ms: float, own: float, far: float, end: float) -> str:
+    """Why no factor in range meets the given step. Where it needs a faster host, one replay at
+    ``BEYOND`` tells a GPU floor (the step cannot get there) from a host that tracing slowed more
+    than the range allows (call MG's dense stage: its own log's step needed x0.44)."""
+    faster = far < 1.0
+    head = (f"the given step ({given_ms:.1f} ms) is out of the host's reach: with the host {max(far, 1 / far):g}x "
+            f"{'faster' if faster else 'slower'} the replay without the profiler runs {end:.1f} ms")
+    tail = f"; the host is left as replayed ({own:.1f} ms)"
+    if not faster:
+        return head + " (the given step is another job's?)" + tail
+    beyond = step_at(BEYOND)
+    if beyond > given_ms:
+        return head + f" and {1 / BEYOND:g}x faster {beyond:.1f}: the GPU's own time sets the step there" + tail
+    return (head + f", {1 / BEYOND:g}x faster {beyond:.1f}: a host between those would meet it, so tracing slowed "
+            f"this host more than the range searched allows (docs/replay.md, \"Calibrated to the job's own step\")"
+            + tail)
 
 
 def _solve_bracketed(step_at, given_ms: float, lo: float, hi: float, s_own: float, s_end: float):
