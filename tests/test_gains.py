@@ -456,7 +456,7 @@ def test_diff_prices_the_applied_fix_by_the_replay_as_diagnose_does(diagnosis):
     assert share["expected_gain_ms"] != row["predicted_gain_ms"]
 
 
-wa_spec = importlib.util.spec_from_file_location("wall_after", ROOT / "fixtures" / "wall_after.py")
+wa_spec = importlib.util.spec_from_file_location("wall_after", ROOT / "workloads" / "wall_after.py")
 wall_after = importlib.util.module_from_spec(wa_spec)
 wa_spec.loader.exec_module(wall_after)
 
@@ -468,7 +468,7 @@ def wall_after_rows(replay_rows, diagnosis):
 
 def test_docs_wall_after_table_is_the_one_the_profiles_give(wall_after_rows):
     assert wall_after.table(wall_after_rows) in (ROOT / "docs" / "replay.md").read_text(), \
-        "docs/replay.md is out of date: python fixtures/wall_after.py"
+        "docs/replay.md is out of date: python workloads/wall_after.py"
 
 
 def test_more_microbatches_leave_the_host_wall_on_the_host_paced_pipeline(wall_after_rows):
