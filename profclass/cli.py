@@ -124,7 +124,9 @@ def train_log_options(command):
                          help="The job's training log: its median iteration time outside warm-up and the profiled "
                               "iterations is the step without the profiler the replay calibrates its host to "
                               "(Megatron-LM's 'elapsed time per iteration', NeMo's 'train_step_timing in s', "
-                              "STEP_MS lines). Instead of --untraced-step-ms."),
+                              "STEP_MS lines). Instead of --untraced-step-ms. Best a run without nsys attached: "
+                              "the capture run's own steps outside its profiled range ran up to 10% off the "
+                              "untraced runs, either way (docs/replay.md, call MH)."),
             click.option("--train-log-regex", "train_log_regex", default=None, callback=_log_regex, metavar="REGEX",
                          help="The log's iteration time for another format: a regex with one named group ms "
                               "(or s) and optionally it (the iteration)."),
