@@ -343,7 +343,7 @@ def diff(base, candidate, iteration_regex: str | None = None, alpha: float = ALP
     applied = with_timer_gains(without_pauses(applied, step["split"], table), step["timer"])
     notes += caveats(applied)
     verdict = lead_with_fix(verdict_of(step, significant, change, verdict_deltas, v_components, v_kernels), applied,
-                             significant, change, (getattr(b, "pipeline", None) or {}).get("stages") == 1, table)
+                            significant, change, (getattr(b, "pipeline", None) or {}).get("stages") == 1, table)
     return DiffResult(
         base=_side(b), candidate=_side(c), step=step, significant=significant, regression=regression,
         improvement=improvement, change=change,

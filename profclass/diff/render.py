@@ -11,7 +11,6 @@ from .compare import DiffResult
 from .verdict import judged_of
 from .fix_gains import fix_gain_lines
 from .split import split_lines
-from .timer import timer_line
 
 
 def one_line(r: DiffResult) -> str:
@@ -25,15 +24,36 @@ def one_line(r: DiffResult) -> str:
             f"({r.judged_step['delta_pct']:+.1f}%{per}, {sig}{wall})")
 
 
+def _ci(t: dict, what: str = "") -> str:
+    """A test's 95% confidence interval of the change, as the reports write it ('' without one)."""
+    lo_hi = t["ci95_delta_ms"]
+    return f", 95% CI{what} [{lo_hi[0]:+.2f}, {lo_hi[1]:+.2f}] ms" if lo_hi else ""
+
+
 def work_line(w: dict, decides: bool = True) -> str:
     """``step.work`` in words: the measure, both sides' work and the test per the base's work
     (``decides``: the decision is judged on it, not on the runs' timers)."""
     t = w["test"]
-    ci = f", 95% CI [{t['ci95_delta_ms'][0]:+.2f}, {t['ci95_delta_ms'][1]:+.2f}] ms" if t["ci95_delta_ms"] else ""
+    ci = _ci(t)
     return (f"Work: the candidate does x{w['ratio']:g} the base's work a step ({w['measure']}: {w['basis']}); "
             f"per the base's work its step is {w['candidate_ms_per_base_work']:.2f} ms ({w['delta_pct']:+.1f}%), "
             f"{t['method']}, {p_value(t['p_value'])}{ci}{': the decision is judged on this' if decides else ''}. "
             f"The tables are per step, as measured")
+
+
+def timer_line(timer: dict | None) -> str | None:
+    """``step.timer`` in words, for the text and Markdown renderers."""
+    if timer is None:
+        return None
+    sides = "; ".join(f"{side} {timer[side]['source']}" for side in ("base", "candidate"))
+    if timer["test"] is None:
+        return f"Timers: {sides}; not tested (too few values): the decision is the captured windows'"
+    t = timer["test"]
+    ci = _ci(t)
+    per = "" if timer["work_ratio"] == 1.0 else " per the base's work"
+    p = "" if t["p_value"] is None else f", p={t['p_value']:.3g}"
+    return (f"Timers (the runs' training logs, outside the profiler): {sides}; change {timer['delta_ms']:+.2f} ms"
+            f"{per} ({timer['delta_pct']:+.1f}%), {t['method']}{p}{ci}: the decision is judged on this")
 
 
 def _esc(text: str) -> str:
@@ -56,8 +76,7 @@ def render_text(r: DiffResult, width: int = 120, top: int = 12) -> str:
     con.print(f"Step: base {s['base_ms']:.2f} ms (std {s['base_std_ms']:.2f}, n={s['base_iterations']}), "
               f"candidate {s['candidate_ms']:.2f} ms (std {s['candidate_std_ms']:.2f}, n={s['candidate_iterations']}), "
               f"ratio {s['ratio']:.4f}")
-    ci = f", 95% CI of the change [{t['ci95_delta_ms'][0]:+.2f}, {t['ci95_delta_ms'][1]:+.2f}] ms" \
-        if t["ci95_delta_ms"] else ""
+    ci = _ci(t, " of the change")
     p = p_value(t["p_value"])
     con.print(_esc(f"Test: {t['method']}, {p}{ci}; significant needs p<{t['alpha']} and |change|>={t['min_effect_pct']:g}%"))
     if s.get("work"):

@@ -77,17 +77,3 @@ def with_timer_gains(rows: list[dict], timer: dict | None) -> list[dict]:
                  within_range_timer=None if gain is None or r["gain_low_ms"] is None or r["gain_high_ms"] is None
                  else bool(r["gain_low_ms"] <= gain <= r["gain_high_ms"])) for r in rows]
 
-
-def timer_line(timer: dict | None) -> str | None:
-    """``step.timer`` in words, for the text and Markdown renderers."""
-    if timer is None:
-        return None
-    sides = "; ".join(f"{side} {timer[side]['source']}" for side in ("base", "candidate"))
-    if timer["test"] is None:
-        return f"Timers: {sides}; not tested (too few values): the decision is the captured windows'"
-    t = timer["test"]
-    ci = f", 95% CI [{t['ci95_delta_ms'][0]:+.2f}, {t['ci95_delta_ms'][1]:+.2f}] ms" if t["ci95_delta_ms"] else ""
-    per = "" if timer["work_ratio"] == 1.0 else " per the base's work"
-    p = "" if t["p_value"] is None else f", p={t['p_value']:.3g}"
-    return (f"Timers (the runs' training logs, outside the profiler): {sides}; change {timer['delta_ms']:+.2f} ms"
-            f"{per} ({timer['delta_pct']:+.1f}%), {t['method']}{p}{ci}: the decision is judged on this")

@@ -45,7 +45,7 @@ def _top_kernel(wall: str, kernels: list[dict], sign: float, unit: str) -> str:
 
 
 def verdict_of(step: dict, significant: bool, change: str, walls_delta: dict, components: list[dict],
-             kernels: list[dict]) -> dict:
+               kernels: list[dict]) -> dict:
     judged = judged_of(step)
     delta = judged["delta_ms"]
     head = _head(step, judged)
@@ -78,7 +78,7 @@ def verdict_of(step: dict, significant: bool, change: str, walls_delta: dict, co
 
 
 def lead_with_fix(verdict: dict, applied: list[dict], significant: bool, change: str, one_stage: bool,
-                   table: dict) -> dict:
+                  table: dict) -> dict:
     """A recognised configuration change (a fix of data/fixes.toml the candidate applies) leads
     the verdict with its measured effect, charged to the fix's wall (``table``: the fixes by id)
     as the seeds do (turning recompute off is the memory wall's lever, whichever walls its time
