@@ -39,14 +39,14 @@ def test_a_base_priced_with_a_given_untraced_step_is_left_out():
 def _by_share() -> tuple[list[float], list[float]]:
     """Timer over replay per base (its calls' timers averaged), split at ``UNTRACED_CAVEAT_SHARE``
     of the traced step taken off by the per-call cost: (below, at or above)."""
-    from profclass.replay.constants import UNTRACED_CAVEAT_SHARE
+    from profclass.replay.notes import host_paced
     by: dict = {}
     for r in usm.rows():
         by.setdefault((r["base"], round(r["replay"], 1)), []).append(r)
     below, above = [], []
     for g in by.values():
         r, timer = g[0], statistics.mean(x["timer"] for x in g)
-        (above if r["traced"] - r["replay"] >= UNTRACED_CAVEAT_SHARE * r["traced"] else below).append(timer / r["replay"])
+        (above if host_paced(r["replay"], r["traced"]) else below).append(timer / r["replay"])
     return below, above
 
 

@@ -152,10 +152,11 @@ def host_paced_split(rs: list[dict]) -> dict:
     report's 'upper bound'): how many ran over 5% faster than the replay's untraced step, within
     5%, over 5% slower; their median timer over replay; and the unshipped RATIO_FIT applied to
     them, counted over every base as the model is."""
-    from profclass.replay.constants import UNTRACED_CAVEAT_SHARE
-    paced = [r for r in rs if r["traced"] - r["replay"] >= UNTRACED_CAVEAT_SHARE * r["traced"]]
+    from profclass.replay.notes import host_paced  # the report's own test of the share
+    moved = [host_paced(r["replay"], r["traced"]) for r in rs]
+    paced = [r for r, m in zip(rs, moved) if m]
     ratio = [r["timer"] / r["replay"] for r in paced]
-    scaled = [r["replay"] * (RATIO_FIT if r in paced else 1.0) for r in rs]
+    scaled = [r["replay"] * (RATIO_FIT if m else 1.0) for r, m in zip(rs, moved)]
     return dict(paced=len(paced), faster=sum(v < 0.95 for v in ratio), within=sum(abs(v - 1) <= 0.05 for v in ratio),
                 slower=sum(v > 1.05 for v in ratio), median=statistics.median(ratio),
                 ratio_fit_within=sum(abs(s - r["timer"]) <= WITHIN / 100 * r["timer"] for s, r in zip(scaled, rs)))
