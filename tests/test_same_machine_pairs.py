@@ -53,7 +53,7 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/", "MA": "fixtures/timers/s56/",
         "MB": "fixtures/timers/s57/", "MC": "fixtures/timers/s57/", "MD": "fixtures/timers/s58/",
         "ME": "fixtures/timers/s58/", "MF": "fixtures/timers/s59/", "MG": "fixtures/timers/s60/",
-        "MH": "fixtures/timers/s60/"}
+        "MH": "fixtures/timers/s60/", "MI": "fixtures/timers/s61/", "MJ": "fixtures/timers/s61/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
@@ -745,3 +745,35 @@ def test_call_mh_the_capture_logs_calibration_judged_as_the_notebook_reports():
     assert [round(j["realized"], 2) for j in got[:3]] == [13.78, 14.33, 9.86]
     assert [(j["in_range"], j["within"]) for j in got] == [(True, True), (True, True), (False, False),
                                                            (True, False), (True, True), (False, False)]
+
+
+def test_call_mi_the_one_stage_accumulate_price_judged_from_its_logs_as_the_notebook_reports():
+    """Call MI (sixty-first session): the accumulate transform as shipped then, on call ME's dense
+    stage at 2 and 4 micro-batches and a new dense shape. MI1 measured and short, outside its range
+    (8.92 against 4.9 [3.62, 6.48]: the dropped turn's gradient-norm sync, found in its export after
+    the run); MI2-MI4 unmeasured (the x8 runs 14.7% apart, the h2k runs 8.2%)."""
+    prices = _stamped_before_the_twins("MI", "4ccf9d54", diffs=0)
+    assert [prices[f"MI{i}"]["best_ms"] for i in range(1, 5)] == [4.9, 6.3, 4.65, 4.06]
+    got = judge_pairs.judge_call(prices, lambda name: _read(name, "MI"), 50, 79,
+                                 ["MI1=mi:me_dense_h4k:me_dense_h4k_m4/2", "MI2=mi:me_dense_h4k:me_dense_h4k_m8/4",
+                                  "MI3=mi:me_dense_h4k_m4:me_dense_h4k_m8/2", "MI4=mi:mi_dense_h2k:mi_dense_h2k_m4/2"])
+    assert [j["measured"] for j in got] == [True, False, False, False]
+    assert (got[0]["in_range"], got[0]["within"], round(got[0]["realized"], 2)) == (False, False, 8.92)
+    assert [round(100 * max(j["apart"]), 1) for j in got[1:]] == [14.7, 14.7, 8.2]
+
+
+def test_call_mj_the_rebuilt_accumulate_price_held_out_as_the_notebook_reports():
+    """Call MJ (sixty-first session): the accumulate transform rebuilt after call MI (whole turns
+    dropped with their syncs), held out on two new shapes and the learned-routing stage. Only MJ4
+    measured, short and outside its range (20.30 against 14.04 [13.33, 14.04]); the dense pairs
+    inside their ranges and within target but unmeasured (runs 5.3% and 7.2% apart), the new MoE
+    stage's runs 12.3% apart."""
+    prices = _stamped_before_the_twins("MJ", "43291be4", diffs=0)
+    assert [prices[f"MJ{i}"]["best_ms"] for i in range(1, 5)] == [6.03, 8.57, 4.76, 14.04]
+    got = judge_pairs.judge_call(prices, lambda name: _read(name, "MJ"), 50, 79,
+                                 ["MJ1=mj:mj_dense_h3k:mj_dense_h3k_m4/2", "MJ2=mj:mj_dense_h3k:mj_dense_h3k_m6/3",
+                                  "MJ3=mj:mj_moe_e4:mj_moe_e4_m4/2", "MJ4=mj:md_moe1_lrn:md_moe1_lrn_m4/2"])
+    assert [j["measured"] for j in got] == [False, False, False, True]
+    assert (got[3]["in_range"], got[3]["within"], round(got[3]["realized"], 2)) == (False, False, 20.30)
+    assert [(j["in_range"], j["within"]) for j in got[:2]] == [(True, True), (True, True)]
+    assert [round(100 * max(j["apart"]), 1) for j in got[:3]] == [5.3, 7.2, 12.3]
