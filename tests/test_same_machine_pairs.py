@@ -53,7 +53,8 @@ LOGS = {"AP": "fixtures/timers/s30/", "AQ": "fixtures/timers/s30/", "AR": "fixtu
         "LA": "fixtures/timers/s55/", "LB": "fixtures/timers/s55/", "MA": "fixtures/timers/s56/",
         "MB": "fixtures/timers/s57/", "MC": "fixtures/timers/s57/", "MD": "fixtures/timers/s58/",
         "ME": "fixtures/timers/s58/", "MF": "fixtures/timers/s59/", "MG": "fixtures/timers/s60/",
-        "MH": "fixtures/timers/s60/", "MI": "fixtures/timers/s61/", "MJ": "fixtures/timers/s61/"}
+        "MH": "fixtures/timers/s60/", "MI": "fixtures/timers/s61/", "MJ": "fixtures/timers/s61/",
+        "MK": "fixtures/timers/s61/"}
 ROW = re.compile(r"^\| (A[PQRSUWX]\d|B[BCEFGIJLNPRTUVWX]\d|C[A-F]\d|D[A-K]\d|E[A-F]\d|F[AENS]\d|G[ABC]\d|I[AB]\d|J[A-C]\d) "
                  r"`(\w+)` -> `(\w+)`[^|]*\|(.*)$", re.M)
 # each pair's runs (log prefix) and steady window where its registration says other than the
@@ -777,3 +778,19 @@ def test_call_mj_the_rebuilt_accumulate_price_held_out_as_the_notebook_reports()
     assert (got[3]["in_range"], got[3]["within"], round(got[3]["realized"], 2)) == (False, False, 20.30)
     assert [(j["in_range"], j["within"]) for j in got[:2]] == [(True, True), (True, True)]
     assert [round(100 * max(j["apart"]), 1) for j in got[:3]] == [5.3, 7.2, 12.3]
+
+
+def test_call_mk_calls_mjs_pairs_again_as_the_notebook_reports():
+    """Call MK (sixty-first session): call MJ's three pairs again on a fresh machine, the transform
+    unchanged. None measured (the x2 dense runs 6.0% apart, the x3 11.0%, the MoE stage's 16.3%); the
+    dense stage realized 7.08 against 7.15 in MJ, priced 7.0 and 6.03, and the MoE stage gained
+    0.23 against MJ's 0.83, priced 4.71 and 4.76: over-priced in both, as registered."""
+    prices = _stamped_before_the_twins("MK", "2a823fd9", diffs=0)
+    assert [prices[f"MK{i}"]["best_ms"] for i in range(1, 4)] == [7.0, 10.72, 4.71]
+    got = judge_pairs.judge_call(prices, lambda name: _read(name, "MK"), 50, 79,
+                                 ["MK1=mk:mj_dense_h3k:mj_dense_h3k_m4/2", "MK2=mk:mj_dense_h3k:mj_dense_h3k_m6/3",
+                                  "MK3=mk:mj_moe_e4:mj_moe_e4_m4/2"])
+    assert not any(j["measured"] for j in got)
+    assert [round(100 * max(j["apart"]), 1) for j in got] == [6.0, 11.0, 16.3]
+    assert [round(j["realized"], 2) for j in got] == [7.08, 9.01, 0.23]
+    assert [(j["in_range"], j["within"]) for j in got] == [(True, True), (True, False), (False, False)]

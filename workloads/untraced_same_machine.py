@@ -17,7 +17,7 @@ Bases priced with a given untraced step (``host_factor``) are left out.
 
 ``--held-out``: the same table for the same-machine calls made after the fifty-second session
 fitted and shipped ``UNTRACED_CAVEAT_SHARE`` and measured the 0.89 timer-over-replay ratio on the
-table above (calls LA-MJ, whose ``*_call.json`` hold the same two steps per pair): the shipped
+table above (calls LA-MK, whose ``*_call.json`` hold the same two steps per pair): the shipped
 constant and the unshipped factor tested on runs neither saw.
 """
 from __future__ import annotations
@@ -92,7 +92,7 @@ def call_blocks() -> dict[str, str]:
 
 
 def held_out_rows() -> list[dict]:
-    """One row per base of each same-machine ``*_call.json`` (calls LA-MJ): the base captured in
+    """One row per base of each same-machine ``*_call.json`` (calls LA-MK): the base captured in
     its call's own block (``capture`` or ``capture_moe``), priced, and run untraced after."""
     packed = gain_pairs._packed()
     blocks = call_blocks()
@@ -172,7 +172,7 @@ def held_out_summary(rs: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true")
-    ap.add_argument("--held-out", action="store_true", help="calls LA-MJ, made after the constants were set")
+    ap.add_argument("--held-out", action="store_true", help="calls LA-MK, made after the constants were set")
     a = ap.parse_args(argv)
     rs = held_out_rows() if a.held_out else rows()
     if a.markdown:

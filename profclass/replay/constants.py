@@ -66,7 +66,7 @@ GPU_TRACED_SHARE = (0.0097, 0.0127, 0.029)
 # than 2%, 29 replayed within 5% of their timer (median timer/replay 1.00); of the 37 it moved by 2%
 # or more, 8 did and 26 ran over 5% faster (median 0.89): tracing slows such a host by more than its
 # per-call cost, and by no constant (tests/test_untraced_same_machine.py derives both counts). Held
-# out (calls LA-MJ, made after this was set): of 24 such bases 10 ran over 5% faster, 10 within, 4
+# out (calls LA-MK, made after this was set): of 26 such bases 11 ran over 5% faster, 11 within, 4
 # over 5% slower (median 0.98; docs/replay.md, "Held out"): the direction holds, the size does not.
 UNTRACED_CAVEAT_SHARE = 0.02
 # How much slower (or faster) the host that banks a fix's gain may run than the captured one

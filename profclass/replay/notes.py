@@ -17,7 +17,7 @@ def untraced_caveat(untraced: float, measured: float, host_after: tuple[str, ...
     them: on a host faster than the replay's they gain more (docs/notes.md, call ME)."""
     line = (f"{UNTRACED_CAVEAT} ({100 * (1 - untraced / measured):.0f}%); where it took 2% or more, jobs run again untraced on "
             f"their capture's machine ran a median 11% faster than that (26 of 37 over 5% faster; on the later "
-            f"calls' 24, held out, a median 2%: 10 over 5% faster, 4 over 5% slower), so the step without the "
+            f"calls' 26, held out, a median 2%: 11 over 5% faster, 4 over 5% slower), so the step without the "
             f"profiler is often shorter than untraced_step_ms, and host-side prices larger than "
             f"the job banks (give the job's own step, --untraced-step-ms or --train-log, to calibrate the host)")
     if host_after:
