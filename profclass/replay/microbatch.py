@@ -101,10 +101,11 @@ def accumulate(spec, pick, selected_ops, point, traces, weights, ctx):
     The window's n steps of work hold n turns of once-a-step work (``step_turns``: the
     optimizer, a gradient reduction after the backward, the step's syncs); k times the
     micro-batches run n/k of them. Whole turns are dropped, spread evenly (``dropped_turns``),
-    so the window runs as the candidate's steps would: k m micro-batches, then one turn whose
-    kernels still hide the next forward's launches as captured. Taking a share of every turn's
-    time instead shortens the GPU's work under the host's and prices the step as if the host
-    kept pace (calls MG, MH, MI: the dense stage's price half its outcome). What whole drops
+    so the window runs as the candidate's steps would: k m micro-batches, then one turn, with no
+    sync between them (a dropped turn's syncs wait for nothing). A share of every turn's time
+    kept every turn's gradient-norm sync, which held the host back from the next forward (call
+    MI's dense stage: 4.9 priced against 8.92 run, 7.94 with whole turns and their syncs dropped,
+    4.93 with whole turns alone). What whole drops
     cannot reach (n (1 - 1/k) not whole, or turns the window cuts) is a share of every other
     turn's time. A dropped turn's kernels go, and its calls' time but for the share that is the
     next batch's loading (``once``, at ``point``: the share of those calls' time that is once a

@@ -14,7 +14,8 @@ def untraced_caveat(untraced: float, measured: float, host_after: tuple[str, ...
     """What the step without the profiler leaves out where CUDA tracing's per-call cost moved the
     step (``constants.UNTRACED_CAVEAT_SHARE``; measured: docs/replay.md, "On the capture's own
     machine"). ``host_after``: fixes off the host wall whose replayed step is host-paced after
-    them: on a host faster than the replay's they gain more (docs/notes.md, call ME)."""
+    them: on a host faster than the replay's they gain more (docs/notes.md, call ME; the example the
+    line gave, call ME's dense stage, was short for another cause, call MI: a sync the transform kept)."""
     line = (f"{UNTRACED_CAVEAT} ({100 * (1 - untraced / measured):.0f}%); where it took 2% or more, jobs run again untraced on "
             f"their capture's machine ran a median 11% faster than that (26 of 37 over 5% faster; on the later "
             f"calls' 26, held out, a median 2%: 11 over 5% faster, 4 over 5% slower), so the step without the "
@@ -22,8 +23,7 @@ def untraced_caveat(untraced: float, measured: float, host_after: tuple[str, ...
             f"the job banks (give the job's own step, --untraced-step-ms or --train-log, to calibrate the host)")
     if host_after:
         line += (f"; after {', '.join(host_after)} the replayed step is paced by that slower host, so where the "
-                 f"job's own host keeps ahead of the GPU they gain more than priced (a dense stage's gradient "
-                 f"accumulation: priced 6.7 and 8.4 ms/step, its untraced runs' fastest steps 9.7 and 14.6)")
+                 f"job's own host keeps ahead of the GPU they gain more than priced")
     return line
 
 
