@@ -126,9 +126,10 @@ def accumulate(spec, pick, selected_ops, point, traces, weights, ctx):
         share = np.append(dropped_turns(whole, t.iterations, k), 0.0)  # per turn; [-1]: no turn
         fc = 1.0 - once * share[turn]
         op_turn = np.append(turn, -1)[t.ops.launch]  # the turn of the op's launch call (-1: none)
-        fo = np.where(tail, np.append(fc, 1.0)[t.ops.launch], 1.0 - share[op_turn])  # its latencies
-        w = _scaled(t, w, fc, fo, np.where(tail, 1.0, 1.0 - share[op_turn]))
-        out.append(replace(w, c_blocks=w.c_blocks & (share[turn] < 1.0)))  # a dropped turn's syncs wait for nothing
+        kept = np.where(tail, 1.0, 1.0 - share[op_turn])  # per op, the share of its time left
+        fo = np.where(tail, np.append(fc, 1.0)[t.ops.launch], kept)  # its latencies
+        scaled = _scaled(t, w, fc, fo, kept)
+        out.append(replace(scaled, c_blocks=scaled.c_blocks & (share[turn] < 1.0)))  # a dropped turn's syncs wait for nothing
     return out
 
 
